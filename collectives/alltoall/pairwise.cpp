@@ -1,0 +1,10 @@
+// PLACEHOLDER: replaced by the real algorithm.
+#include "algorithm.hpp"
+
+namespace cclz::coll {
+namespace {
+Status run(Group&, const CollArgs&) { return {Result::internal_error, "pairwise not implemented yet"}; }
+}  // namespace
+extern const AlgorithmDesc alltoall_pairwise;
+const AlgorithmDesc alltoall_pairwise = {CollKind::all_to_all, "pairwise", "not implemented yet", nullptr, run};
+}  // namespace cclz::coll

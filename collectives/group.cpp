@@ -1,0 +1,110 @@
+#include "group.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <map>
+
+namespace cclz::coll {
+
+std::byte* ScratchPool::get(int slot, std::size_t bytes) {
+  assert(slot >= 0 && slot < kSlots);
+  Buffer& b = slots_[slot];
+  if (b.bytes < bytes || !b.mem) {
+    // Grow geometrically so a sweep of sizes does not reallocate every call.
+    std::size_t want = std::max<std::size_t>({bytes, b.bytes + b.bytes / 2, 4096});
+    want = (want + 63) / 64 * 64;
+    b.mem.reset(new (std::align_val_t{64}) std::byte[want]);
+    b.bytes = want;
+  }
+  return b.mem.get();
+}
+
+Group::Group(detail::Transport& t, std::vector<int> members, std::vector<int> node_of_member, int my_index,
+             std::uint64_t seq, detail::Clock::time_point deadline, ScratchPool& scratch, int space)
+    : t_(&t),
+      members_(std::move(members)),
+      nodes_(std::move(node_of_member)),
+      me_(my_index),
+      seq_(seq),
+      deadline_(deadline),
+      scratch_(&scratch),
+      space_(space) {
+  assert(members_.size() == nodes_.size());
+  // Renumber nodes densely in order of first appearance so sub-groups see
+  // 0..num_nodes-1 whatever the communicator's numbering was.
+  std::map<int, int> dense;
+  std::map<int, int> per_node;
+  for (int& n : nodes_) {
+    auto it = dense.try_emplace(n, static_cast<int>(dense.size())).first;
+    n = it->second;
+    ++per_node[n];
+  }
+  num_nodes_ = std::max<int>(1, static_cast<int>(dense.size()));
+  nodes_uniform_ = true;
+  for (auto& [n, c] : per_node) {
+    if (c != per_node.begin()->second) nodes_uniform_ = false;
+  }
+}
+
+std::uint64_t Group::make_tag(std::uint32_t tag) const noexcept {
+  const std::uint64_t step = tag & ((1u << kStepTagBits) - 1);
+  const std::uint64_t space = static_cast<std::uint64_t>(space_) & ((1u << kSpaceBits) - 1);
+  const std::uint64_t seq = seq_ & ((std::uint64_t{1} << kSeqBits) - 1);
+  return (seq << (kStepTagBits + kSpaceBits)) | (space << kStepTagBits) | step;
+}
+
+Status Group::isend(int peer, std::uint32_t tag, const void* buf, std::size_t bytes, detail::Op* op) {
+  return t_->post_send(global_rank(peer), make_tag(tag), buf, bytes, op);
+}
+
+Status Group::irecv(int peer, std::uint32_t tag, void* buf, std::size_t bytes, detail::Op* op) {
+  return t_->post_recv(global_rank(peer), make_tag(tag), buf, bytes, op);
+}
+
+Status Group::wait(std::span<detail::Op* const> ops) {
+  Status st = t_->wait(ops, deadline_);
+  if (!st.ok()) {
+    for (detail::Op* op : ops) {
+      if (op->handle != nullptr && !op->done) t_->cancel(op);
+    }
+  }
+  return st;
+}
+
+Status Group::send(int peer, std::uint32_t tag, const void* buf, std::size_t bytes) {
+  detail::Op op;
+  if (Status st = isend(peer, tag, buf, bytes, &op); !st.ok()) return st;
+  return wait(&op);
+}
+
+Status Group::recv(int peer, std::uint32_t tag, void* buf, std::size_t bytes) {
+  detail::Op op;
+  if (Status st = irecv(peer, tag, buf, bytes, &op); !st.ok()) return st;
+  return wait(&op);
+}
+
+Status Group::sendrecv(int dst, const void* sbuf, std::size_t sbytes, int src, void* rbuf, std::size_t rbytes,
+                       std::uint32_t tag) {
+  detail::Op r, s;
+  if (Status st = irecv(src, tag, rbuf, rbytes, &r); !st.ok()) return st;
+  if (Status st = isend(dst, tag, sbuf, sbytes, &s); !st.ok()) {
+    t_->cancel(&r);
+    return st;
+  }
+  detail::Op* ops[] = {&r, &s};
+  return wait(ops);
+}
+
+Group Group::subgroup(std::span<const int> indices, int space) const {
+  std::vector<int> members, nodes;
+  int me = -1;
+  for (int i : indices) {
+    if (i == me_) me = static_cast<int>(members.size());
+    members.push_back(members_[static_cast<std::size_t>(i)]);
+    nodes.push_back(nodes_[static_cast<std::size_t>(i)]);
+  }
+  assert(me >= 0);
+  return Group(*t_, std::move(members), std::move(nodes), me, seq_, deadline_, *scratch_, space);
+}
+
+}  // namespace cclz::coll

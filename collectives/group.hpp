@@ -1,0 +1,93 @@
+// Group: the view an algorithm has of the ranks it runs over. Ranks are
+// numbered 0..size()-1 inside the group (a communicator, or a sub-group such
+// as "the ranks of my node" for hierarchical algorithms); the group maps them
+// to transport ranks and builds message tags from the collective's sequence
+// number, so algorithms only pick small per-step tags.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "transport.hpp"
+
+namespace cclz::coll {
+
+// Reusable temporary memory for algorithms, owned by the communicator so a
+// steady stream of collectives does not allocate. Slots 0-3 are for leaf
+// algorithms; composite algorithms (hierarchical) use slots 4-7 for buffers
+// they hold while calling leaf algorithms.
+class ScratchPool {
+ public:
+  static constexpr int kSlots = 8;
+  // At least `bytes` bytes, 64-byte aligned, valid until the next call with
+  // the same slot. Contents are unspecified.
+  std::byte* get(int slot, std::size_t bytes);
+
+ private:
+  struct Buffer {
+    std::unique_ptr<std::byte[]> mem;
+    std::size_t bytes = 0;
+  };
+  Buffer slots_[kSlots];
+};
+
+class Group {
+ public:
+  // Bits of the tag an algorithm may use, and of the sub-space selector.
+  static constexpr int kStepTagBits = 20;
+  static constexpr int kSpaceBits = 4;
+  static constexpr int kSeqBits = detail::Transport::kTagBits - kStepTagBits - kSpaceBits;
+
+  Group(detail::Transport& t, std::vector<int> members, std::vector<int> node_of_member, int my_index,
+        std::uint64_t seq, detail::Clock::time_point deadline, ScratchPool& scratch, int space = 0);
+
+  int rank() const noexcept { return me_; }
+  int size() const noexcept { return static_cast<int>(members_.size()); }
+  int global_rank(int r) const noexcept { return members_[static_cast<std::size_t>(r)]; }
+  int node_of(int r) const noexcept { return nodes_[static_cast<std::size_t>(r)]; }
+  int num_nodes() const noexcept { return num_nodes_; }
+  // True when every node holds the same number of this group's ranks.
+  bool nodes_uniform() const noexcept { return nodes_uniform_; }
+
+  // Blocking helpers: post, then wait with back-off until done, error or the
+  // collective's deadline. On error every unfinished op is cancelled.
+  Status send(int peer, std::uint32_t tag, const void* buf, std::size_t bytes);
+  Status recv(int peer, std::uint32_t tag, void* buf, std::size_t bytes);
+  Status sendrecv(int dst, const void* sbuf, std::size_t sbytes, int src, void* rbuf, std::size_t rbytes,
+                  std::uint32_t tag);
+
+  // Non-blocking pieces for pipelined algorithms. Every posted op must be
+  // passed to wait() before the algorithm returns.
+  Status isend(int peer, std::uint32_t tag, const void* buf, std::size_t bytes, detail::Op* op);
+  Status irecv(int peer, std::uint32_t tag, void* buf, std::size_t bytes, detail::Op* op);
+  Status wait(std::span<detail::Op* const> ops);
+  Status wait(detail::Op* op) { return wait(std::span<detail::Op* const>(&op, 1)); }
+
+  // A sub-group of this group (indices are this group's ranks, in the order
+  // the sub-group numbers them; this rank must be among them). `space`
+  // (1..15) keeps its tags apart from other sub-groups of the same call.
+  Group subgroup(std::span<const int> indices, int space) const;
+
+  std::byte* scratch(int slot, std::size_t bytes) { return scratch_->get(slot, bytes); }
+  detail::Clock::time_point deadline() const noexcept { return deadline_; }
+  std::uint64_t seq() const noexcept { return seq_; }
+
+ private:
+  std::uint64_t make_tag(std::uint32_t tag) const noexcept;
+
+  detail::Transport* t_;
+  std::vector<int> members_;
+  std::vector<int> nodes_;
+  int me_;
+  std::uint64_t seq_;
+  detail::Clock::time_point deadline_;
+  ScratchPool* scratch_;
+  int space_;
+  int num_nodes_ = 1;
+  bool nodes_uniform_ = true;
+};
+
+}  // namespace cclz::coll
