@@ -1,0 +1,119 @@
+// Implementation of the multi-rank test helpers (see harness.hpp).
+#include "harness.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <string>
+
+namespace cclz::mpitest {
+namespace {
+std::unique_ptr<Comm>& world_slot() {
+  static std::unique_ptr<Comm> w;
+  return w;
+}
+}  // namespace
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+Comm& world() { return *world_slot(); }
+void set_world(std::unique_ptr<Comm> c) { world_slot() = std::move(c); }
+
+std::unique_ptr<Comm> fresh_comm() {
+  std::unique_ptr<Comm> c;
+  Status st = world().split(0, world().rank(), &c);
+  EXPECT_TRUE(st.ok()) << rank_tag() << ": split for a fresh communicator failed: " << st.to_string();
+  EXPECT_TRUE(!st.ok() || c != nullptr) << rank_tag() << ": split succeeded but gave no communicator";
+  if (!st.ok()) return nullptr;
+  return c;
+}
+
+std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::vector<std::uint64_t> allgather_u64(std::uint64_t v) {
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(world_size()));
+  MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  return all;
+}
+
+std::vector<int> allgather_int(int v) {
+  std::vector<int> all(static_cast<std::size_t>(world_size()));
+  MPI_Allgather(&v, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  return all;
+}
+
+bool all_true(bool v) {
+  int mine = v ? 1 : 0;
+  int all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return fallback;
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  if (end == s || *end != '\0') return fallback;
+  return static_cast<int>(v);
+}
+
+bool names_rank(std::string_view msg, int r) {
+  // Look at every "rank"/"ranks"/"peer"/"peers" word and the list of numbers
+  // that follows it ("ranks 1, 3 and 5", "rank=3", "ranks [1,3]").
+  std::string lower(msg);
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (std::string_view word : {std::string_view("rank"), std::string_view("peer")}) {
+    std::size_t pos = 0;
+    while ((pos = lower.find(word, pos)) != std::string::npos) {
+      std::size_t i = pos + word.size();
+      pos = i;
+      if (i < lower.size() && lower[i] == 's') ++i;
+      for (;;) {
+        while (i < lower.size() && (lower[i] == ' ' || lower[i] == ':' || lower[i] == '=' || lower[i] == '[' ||
+                                    lower[i] == '(' || lower[i] == '{' || lower[i] == ',' || lower[i] == '#')) {
+          ++i;
+        }
+        if (lower.compare(i, 4, "and ") == 0) {
+          i += 4;
+          continue;
+        }
+        if (i >= lower.size() || !std::isdigit(static_cast<unsigned char>(lower[i]))) break;
+        long v = 0;
+        while (i < lower.size() && std::isdigit(static_cast<unsigned char>(lower[i]))) {
+          v = v * 10 + (lower[i] - '0');
+          ++i;
+        }
+        if (v == r) return true;
+        // "rank 2/4": the part after '/' is a size, not another rank.
+        if (i < lower.size() && lower[i] == '/') {
+          ++i;
+          while (i < lower.size() && std::isdigit(static_cast<unsigned char>(lower[i]))) ++i;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+std::string rank_tag() { return "rank " + std::to_string(world_rank()) + "/" + std::to_string(world_size()); }
+
+}  // namespace cclz::mpitest

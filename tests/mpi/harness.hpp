@@ -1,0 +1,55 @@
+// Shared pieces of the multi-rank tests that run as real processes under
+// mpiexec: the world communicator, per-rank failure reporting, cross-rank
+// agreement helpers and message checks.
+//
+// MPI is used only for setup and for comparing results between ranks (never
+// inside a collective under test), because MPICH's waits spin and the suites
+// run up to 8 ranks on 2 cores; everything under test goes through cclz.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cclz/cclz.hpp"
+
+namespace cclz::mpitest {
+
+int world_rank();
+int world_size();
+
+// The cclz communicator over MPI_COMM_WORLD, made once by main().
+Comm& world();
+void set_world(std::unique_ptr<Comm> c);
+
+// A communicator of its own for one test (a split of world() with the same
+// ranks), so an error that poisons it cannot spill into the next test.
+// Null (with a gtest failure recorded) if the split fails.
+std::unique_ptr<Comm> fresh_comm();
+
+// FNV-1a over bytes; `h` chains calls.
+std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h = 1469598103934665603ull);
+
+// One value from every rank (MPI, outside anything timed).
+std::vector<std::uint64_t> allgather_u64(std::uint64_t v);
+std::vector<int> allgather_int(int v);
+// True on every rank iff `v` is true on every rank.
+bool all_true(bool v);
+
+// Environment helpers: the integer value of `name`, or `fallback` if unset
+// or not an integer.
+int env_int(const char* name, int fallback);
+
+// Whether `msg` mentions rank `r` as a whole number ("rank 3", "ranks 1, 3",
+// "rank=3", "[3]"), i.e. the digits of r not glued to other digits.
+bool names_rank(std::string_view msg, int r);
+
+// "rank 2/4" prefix for this process's lines.
+std::string rank_tag();
+
+}  // namespace cclz::mpitest
