@@ -1,1 +1,491 @@
-// filled in by its owner
+// All-reduce algorithms (ring, tree, rabenseifner, hierarchical) and the
+// tuner, with ranks as threads over the in-process transport.
+//
+// Inputs are small integers chosen per (rank, element) so that every partial
+// result is exact in every dtype (sum: |x| <= 4 per rank; prod: 1, -1 and at
+// most two 2s per element; min/max: |x| <= 6; unsigned types nonnegative).
+// The expected output is computed here in double, independently of the
+// library's kernels, encoded by hand, and compared bitwise. Inexact random
+// floats are used separately to check that all ranks agree bitwise, which
+// only holds if each element is reduced once and copied.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "algorithm.hpp"
+#include "allreduce/common.hpp"
+#include "group.hpp"
+#include "kernels.hpp"
+#include "thread_transport.hpp"
+
+namespace cclz {
+namespace {
+
+using coll::AlgorithmDesc;
+using coll::CollArgs;
+using coll::CollKind;
+using coll::Group;
+using coll::ScratchPool;
+
+constexpr double kTimeoutS = 20.0;
+constexpr std::size_t kLarge = 65536 + 3;
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max};
+
+std::vector<int> flat_nodes(int n) { return std::vector<int>(static_cast<std::size_t>(n), 0); }
+
+Group make_group(detail::Transport& t, const std::vector<int>& nodes, std::uint64_t seq, ScratchPool& pool,
+                 double timeout_s = kTimeoutS) {
+  std::vector<int> members(nodes.size());
+  for (std::size_t i = 0; i < members.size(); ++i) members[i] = static_cast<int>(i);
+  auto deadline = detail::Clock::now() + std::chrono::duration_cast<detail::Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
+  return Group(t, members, nodes, t.rank(), seq, deadline, pool);
+}
+
+const AlgorithmDesc& algo(const char* name) {
+  const AlgorithmDesc* d = coll::find_algorithm(CollKind::all_reduce, name);
+  EXPECT_NE(d, nullptr) << name;
+  return *d;
+}
+
+// ---- exact values, encoded without the library ----------------------------
+
+// Binary16 bits of a small integer (|v| <= 2048, so exactly representable).
+std::uint16_t f16_of_int(double v) {
+  if (v == 0) return 0;
+  const std::uint16_t sign = v < 0 ? 0x8000 : 0;
+  auto a = static_cast<std::uint32_t>(std::fabs(v));
+  int e = 0;
+  while ((a >> (e + 1)) != 0) ++e;
+  const std::uint32_t mant = ((a << 10) >> e) & 0x3ffu;  // exact: a has <= 11 significant bits
+  return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(e + 15) << 10 | mant);
+}
+
+// bfloat16 bits of a small integer (|v| <= 256): the top half of the float.
+std::uint16_t bf16_of_int(double v) {
+  const auto bits = std::bit_cast<std::uint32_t>(static_cast<float>(v));
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+void store(std::byte* p, DataType dt, double v) {
+  auto put = [p](auto x) { std::memcpy(p, &x, sizeof x); };
+  switch (dt) {
+    case DataType::i8: put(static_cast<std::int8_t>(v)); break;
+    case DataType::u8: put(static_cast<std::uint8_t>(v)); break;
+    case DataType::i32: put(static_cast<std::int32_t>(v)); break;
+    case DataType::i64: put(static_cast<std::int64_t>(v)); break;
+    case DataType::f16: put(f16_of_int(v)); break;
+    case DataType::bf16: put(bf16_of_int(v)); break;
+    case DataType::f32: put(static_cast<float>(v)); break;
+    case DataType::f64: put(v); break;
+  }
+}
+
+double input_value(int rank, std::size_t i, ReduceOp op, DataType dt) {
+  const bool nonneg = dt == DataType::u8;
+  const auto r = static_cast<std::size_t>(rank);
+  switch (op) {
+    case ReduceOp::sum: {
+      const double v = static_cast<double>((i * 7 + r * 3) % 9);
+      return nonneg ? v : v - 4;
+    }
+    case ReduceOp::prod:
+      // (i + 3r) % 5 == 0 holds for at most two of any eight consecutive ranks.
+      if ((i + 3 * r) % 5 == 0) return 2;
+      return !nonneg && (i + r) % 3 == 0 ? -1 : 1;
+    default: {
+      const double v = static_cast<double>((i * 5 + r * 11) % 13);
+      return nonneg ? v : v - 6;
+    }
+  }
+}
+
+double expected_value(int n, std::size_t i, ReduceOp op, DataType dt) {
+  double acc = input_value(0, i, op, dt);
+  for (int r = 1; r < n; ++r) {
+    const double v = input_value(r, i, op, dt);
+    switch (op) {
+      case ReduceOp::sum: acc += v; break;
+      case ReduceOp::prod: acc *= v; break;
+      case ReduceOp::min: acc = std::min(acc, v); break;
+      default: acc = std::max(acc, v); break;
+    }
+  }
+  return acc;
+}
+
+// ---- the checking harness --------------------------------------------------
+
+using RunFn = std::function<Status(Group&, const CollArgs&)>;
+
+struct Case {
+  DataType dt;
+  ReduceOp op;
+  std::size_t count;
+  bool in_place;
+};
+
+std::string describe(const std::string& label, int n, const Case& c) {
+  return label + " n=" + std::to_string(n) + " " + dtype_name(c.dt) + " " + op_name(c.op) +
+         " count=" + std::to_string(c.count) + (c.in_place ? " in-place" : " out-of-place");
+}
+
+// Runs every case, one collective call each (sequence numbers 1, 2, ...),
+// on n thread-ranks and checks every rank's output bitwise against the
+// reference, and that an out-of-place sendbuf is untouched.
+void check_cases(const std::string& label, const std::vector<int>& nodes, const std::vector<Case>& cases,
+                 const RunFn& fn) {
+  const int n = static_cast<int>(nodes.size());
+  testing::run_ranks(n, [&](detail::Transport& t, int rank) {
+    ScratchPool pool;
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const Case& c = cases[k];
+      const std::size_t es = dtype_size(c.dt), bytes = c.count * es;
+      std::vector<std::byte> send(bytes), recv(bytes, std::byte{0xa5}), expect(bytes);
+      for (std::size_t i = 0; i < c.count; ++i) {
+        store(send.data() + i * es, c.dt, input_value(rank, i, c.op, c.dt));
+        store(expect.data() + i * es, c.dt, expected_value(n, i, c.op, c.dt));
+      }
+      const std::vector<std::byte> send_copy = send;
+      if (c.in_place) recv = send;
+      CollArgs a;
+      a.kind = CollKind::all_reduce;
+      a.sendbuf = c.in_place ? recv.data() : send.data();
+      a.recvbuf = recv.data();
+      a.count = c.count;
+      a.dt = c.dt;
+      a.op = c.op;
+      Group g = make_group(t, nodes, k + 1, pool);
+      const Status st = fn(g, a);
+      // A failed rank stops here; the others then fail by timeout, not hang.
+      ASSERT_TRUE(st.ok()) << describe(label, n, c) << " rank " << rank << ": " << st.to_string();
+      if (recv != expect) {
+        std::size_t i = 0;
+        while (std::memcmp(recv.data() + i * es, expect.data() + i * es, es) == 0) ++i;
+        ADD_FAILURE() << describe(label, n, c) << " rank " << rank << ": first wrong element " << i;
+      }
+      if (!c.in_place && send != send_copy) ADD_FAILURE() << describe(label, n, c) << ": sendbuf modified";
+    }
+  });
+}
+
+std::vector<Case> small_cases(int n) {
+  std::vector<std::size_t> counts = {0, 1, 2, static_cast<std::size_t>(n - 1), 1001};
+  std::sort(counts.begin(), counts.end());
+  counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+  std::vector<Case> cases;
+  for (DataType dt : kAllDataTypes) {
+    for (ReduceOp op : kOps) {
+      for (std::size_t count : counts) {
+        for (bool in_place : {false, true}) cases.push_back({dt, op, count, in_place});
+      }
+    }
+  }
+  return cases;
+}
+
+std::vector<Case> large_cases() {
+  std::vector<Case> cases;
+  for (bool in_place : {false, true}) {
+    cases.push_back({DataType::f32, ReduceOp::sum, kLarge, in_place});
+    cases.push_back({DataType::bf16, ReduceOp::sum, kLarge, in_place});
+    cases.push_back({DataType::i8, ReduceOp::prod, kLarge, in_place});
+    cases.push_back({DataType::f64, ReduceOp::max, kLarge, in_place});
+    cases.push_back({DataType::u8, ReduceOp::min, kLarge, in_place});
+  }
+  return cases;
+}
+
+RunFn by_descriptor(const char* name) {
+  const AlgorithmDesc* d = &algo(name);
+  return [d](Group& g, const CollArgs& a) { return d->run(g, a); };
+}
+
+void check_flat(const char* name) {
+  for (int n = 1; n <= 8; ++n) {
+    check_cases(name, flat_nodes(n), small_cases(n), by_descriptor(name));
+    check_cases(name, flat_nodes(n), large_cases(), by_descriptor(name));
+  }
+}
+
+TEST(AllReduce, RingEveryDtypeOpSizeAndCount) { check_flat("ring"); }
+TEST(AllReduce, TreeEveryDtypeOpSizeAndCount) { check_flat("tree"); }
+TEST(AllReduce, RabenseifnerEveryDtypeOpSizeAndCount) { check_flat("rabenseifner"); }
+
+// Small pipeline slices / chunks, including ones that are not a multiple of
+// the element size, so blocks are cut into many slices (some short or empty).
+TEST(AllReduce, RingAndTreeWithManyPipelineSlices) {
+  for (std::size_t slice : {std::size_t{1}, std::size_t{100}, std::size_t{4096}}) {
+    RunFn ring = [slice](Group& g, const CollArgs& a) { return coll::allreduce_impl::ring_allreduce(g, a, slice); };
+    RunFn tree = [slice](Group& g, const CollArgs& a) { return coll::allreduce_impl::tree_allreduce(g, a, slice); };
+    for (int n : {2, 3, 5, 8}) {
+      std::vector<Case> cases;
+      for (DataType dt : {DataType::f64, DataType::bf16, DataType::i32, DataType::u8}) {
+        for (bool in_place : {false, true}) {
+          cases.push_back({dt, ReduceOp::sum, slice == 1 ? std::size_t{37} : std::size_t{1001}, in_place});
+          cases.push_back({dt, ReduceOp::min, static_cast<std::size_t>(n + 1), in_place});
+          // Many slices per block on the large count, without the per-message
+          // cost of tiny slices dominating the test's runtime.
+          if (slice >= 4096) cases.push_back({dt, ReduceOp::prod, kLarge, in_place});
+        }
+      }
+      const std::string s = " slice=" + std::to_string(slice);
+      check_cases("ring" + s, flat_nodes(n), cases, ring);
+      check_cases("tree" + s, flat_nodes(n), cases, tree);
+    }
+  }
+}
+
+// Uniform multi-node layouts, contiguous and interleaved, 1 to 4 ranks per node.
+const std::vector<std::vector<int>> kUniformLayouts = {
+    {0, 1},          {0, 1, 2},          {0, 0, 1, 1},          {0, 1, 0, 1},
+    {0, 0, 0, 1, 1, 1}, {0, 0, 1, 1, 2, 2}, {0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 1, 1, 2, 2, 3, 3},
+    {3, 1, 3, 1, 2, 2},  // node ids need not be dense or ordered
+};
+
+std::string layout_name(const std::vector<int>& nodes) {
+  std::string s = "hierarchical {";
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(nodes[i]);
+  }
+  return s + "}";
+}
+
+TEST(AllReduce, HierarchicalOnUniformNodes) {
+  for (const auto& nodes : kUniformLayouts) {
+    check_cases(layout_name(nodes), nodes, small_cases(static_cast<int>(nodes.size())), by_descriptor("hierarchical"));
+    check_cases(layout_name(nodes), nodes, large_cases(), by_descriptor("hierarchical"));
+  }
+  // Small slices through the intra-node phases.
+  RunFn sliced = [](Group& g, const CollArgs& a) { return coll::allreduce_impl::hierarchical_allreduce(g, a, 100); };
+  check_cases("hierarchical slice=100", {0, 0, 0, 1, 1, 1},
+              {{DataType::f32, ReduceOp::sum, 1001, false}, {DataType::i64, ReduceOp::max, 1001, true}}, sliced);
+}
+
+TEST(AllReduce, HierarchicalSupportsOnlyUniformMultiNode) {
+  const AlgorithmDesc& h = algo("hierarchical");
+  ASSERT_NE(h.supports, nullptr);
+  auto fabric = std::make_shared<testing::ThreadFabric>(8);
+  testing::ThreadTransport t(fabric, 0);
+  ScratchPool pool;
+  CollArgs a;
+  a.count = 1 << 20;
+  for (const auto& nodes : kUniformLayouts) {
+    EXPECT_TRUE(h.supports(make_group(t, nodes, 1, pool), a)) << layout_name(nodes);
+  }
+  const std::vector<std::vector<int>> rejected = {
+      {0}, {0, 0}, {0, 0, 0, 0}, {0, 0, 1}, {0, 1, 1, 1}, {0, 0, 1, 1, 1, 2}, {5, 5, 5, 7},
+  };
+  for (const auto& nodes : rejected) {
+    EXPECT_FALSE(h.supports(make_group(t, nodes, 1, pool), a)) << layout_name(nodes);
+  }
+  // Called anyway, it reports the misuse instead of computing garbage.
+  testing::run_ranks(3, [&](detail::Transport& tt, int) {
+    ScratchPool p;
+    Group g = make_group(tt, {0, 0, 1}, 1, p);
+    float x = 1, y = 0;
+    CollArgs b;
+    b.sendbuf = &x;
+    b.recvbuf = &y;
+    b.count = 1;
+    EXPECT_EQ(h.run(g, b).code(), Result::invalid_usage);
+  });
+}
+
+// Negative control for the agreement test: every rank gathers all inputs
+// and folds them starting from its own, so ranks reduce in different orders.
+Status naive_rotated_allreduce(Group& g, const CollArgs& a) {
+  const int n = g.size(), r = g.rank();
+  const std::size_t bytes = a.count * a.elem_size();
+  std::vector<std::vector<std::byte>> all(static_cast<std::size_t>(n), std::vector<std::byte>(bytes));
+  std::memcpy(all[static_cast<std::size_t>(r)].data(), a.sendbuf, bytes);
+  for (int d = 1; d < n; ++d) {
+    const int to = (r + d) % n, from = (r - d + n) % n;
+    Status st = g.sendrecv(to, a.sendbuf, bytes, from, all[static_cast<std::size_t>(from)].data(), bytes,
+                           static_cast<std::uint32_t>(d));
+    if (!st.ok()) return st;
+  }
+  std::vector<std::byte> acc = all[static_cast<std::size_t>(r)];
+  for (int d = 1; d < n; ++d) {
+    kernels::reduce(acc.data(), acc.data(), all[static_cast<std::size_t>((r + d) % n)].data(), a.count, a.dt, a.op);
+  }
+  std::memcpy(a.recvbuf, acc.data(), bytes);
+  return {};
+}
+
+// Runs sum and prod of random, inexact floats (every float dtype) in place
+// and returns, per case, whether all ranks' outputs are bitwise equal.
+std::vector<bool> ranks_agree(const std::string& name, const RunFn& fn, const std::vector<int>& nodes) {
+  const DataType dts[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16};
+  const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::prod};
+  const std::size_t count = 4099;
+  const int n = static_cast<int>(nodes.size());
+  // outputs[case][rank]
+  std::vector<std::vector<std::vector<std::byte>>> outputs(std::size(dts) * std::size(ops),
+                                                           std::vector<std::vector<std::byte>>(nodes.size()));
+  testing::run_ranks(n, [&](detail::Transport& t, int rank) {
+    ScratchPool pool;
+    std::mt19937 rng(static_cast<unsigned>(1234 + rank));
+    std::uniform_real_distribution<float> mag(0.5f, 2.0f);
+    std::uniform_int_distribution<int> exp2(-8, 8), sign(0, 1);
+    std::size_t k = 0;
+    for (DataType dt : dts) {
+      for (ReduceOp op : ops) {
+        const std::size_t es = dtype_size(dt);
+        std::vector<std::byte> buf(count * es);
+        for (std::size_t i = 0; i < count; ++i) {
+          // Products stay near 1 so they neither overflow nor flush to 0.
+          const float v =
+              op == ReduceOp::prod ? mag(rng) : std::ldexp(mag(rng), exp2(rng)) * (sign(rng) ? 1.f : -1.f);
+          if (dt == DataType::f32) std::memcpy(buf.data() + i * es, &v, es);
+          if (dt == DataType::f64) {
+            const double d = static_cast<double>(v) * (1.0 + 1e-9 * static_cast<double>(i % 97));
+            std::memcpy(buf.data() + i * es, &d, es);
+          }
+          if (dt == DataType::f16 || dt == DataType::bf16) {
+            const std::uint16_t h = dt == DataType::f16 ? kernels::float_to_half(v) : kernels::float_to_bf16(v);
+            std::memcpy(buf.data() + i * es, &h, es);
+          }
+        }
+        CollArgs a;
+        a.sendbuf = a.recvbuf = buf.data();  // in place
+        a.count = count;
+        a.dt = dt;
+        a.op = op;
+        Group g = make_group(t, nodes, k + 1, pool);
+        const Status st = fn(g, a);
+        ASSERT_TRUE(st.ok()) << name << " " << st.to_string();
+        outputs[k][static_cast<std::size_t>(rank)] = std::move(buf);
+        ++k;
+      }
+    }
+  });
+  std::vector<bool> agree;
+  for (const auto& per_rank : outputs) {
+    agree.push_back(std::all_of(per_rank.begin(), per_rank.end(), [&](const auto& o) { return o == per_rank[0]; }));
+  }
+  return agree;
+}
+
+// Random, inexact floats: sums and products now depend on the order of
+// operations, so equal outputs on all ranks show that every element was
+// reduced once and copied, not recomputed per rank in a different order.
+TEST(AllReduce, RanksAgreeBitwiseOnInexactFloats) {
+  struct Setup {
+    std::string name;
+    RunFn fn;
+    std::vector<int> nodes;
+  };
+  std::vector<Setup> setups;
+  for (const char* name : {"ring", "tree", "rabenseifner"}) {
+    for (int n : {3, 5, 8}) setups.push_back({name, by_descriptor(name), flat_nodes(n)});
+  }
+  setups.push_back({"ring slice=100",
+                    [](Group& g, const CollArgs& a) { return coll::allreduce_impl::ring_allreduce(g, a, 100); },
+                    flat_nodes(7)});
+  setups.push_back({"tree chunk=100",
+                    [](Group& g, const CollArgs& a) { return coll::allreduce_impl::tree_allreduce(g, a, 100); },
+                    flat_nodes(7)});
+  setups.push_back({"hierarchical", by_descriptor("hierarchical"), {0, 0, 0, 1, 1, 1}});
+  setups.push_back({"hierarchical", by_descriptor("hierarchical"), {0, 1, 2, 3, 0, 1, 2, 3}});
+  for (const Setup& s : setups) {
+    const std::vector<bool> agree = ranks_agree(s.name, s.fn, s.nodes);
+    for (std::size_t k = 0; k < agree.size(); ++k) {
+      EXPECT_TRUE(agree[k]) << s.name << " n=" << s.nodes.size() << " case " << k << ": ranks differ";
+    }
+  }
+  // The data must be order-sensitive for this to mean anything: a schedule
+  // that folds in a different order per rank has to be caught.
+  const std::vector<bool> naive = ranks_agree("naive", naive_rotated_allreduce, flat_nodes(5));
+  EXPECT_EQ(std::count(naive.begin(), naive.end(), true), 0) << "inputs too tame to detect disagreement";
+}
+
+TEST(AllReduce, RejectsAvgAndBadDtype) {
+  for (const char* name : {"ring", "tree", "rabenseifner"}) {
+    testing::run_ranks(2, [&](detail::Transport& t, int) {
+      ScratchPool pool;
+      Group g = make_group(t, flat_nodes(2), 1, pool);
+      float x[4] = {}, y[4] = {};
+      CollArgs a;
+      a.sendbuf = x;
+      a.recvbuf = y;
+      a.count = 4;
+      a.op = ReduceOp::avg;
+      EXPECT_EQ(algo(name).run(g, a).code(), Result::invalid_argument) << name;
+      a.op = ReduceOp::sum;
+      a.dt = static_cast<DataType>(3);
+      EXPECT_EQ(algo(name).run(g, a).code(), Result::invalid_argument) << name;
+    });
+  }
+}
+
+// ---- tuner ------------------------------------------------------------------
+
+TEST(AllReduceTuner, ReturnsASupportedAlgorithmForEveryKindAndSize) {
+  auto fabric = std::make_shared<testing::ThreadFabric>(16);
+  testing::ThreadTransport t(fabric, 0);
+  ScratchPool pool;
+  std::vector<std::vector<int>> layouts;
+  for (int n = 1; n <= 16; ++n) {
+    layouts.push_back(flat_nodes(n));
+    std::vector<int> two(static_cast<std::size_t>(n)), uneven(static_cast<std::size_t>(n), 0);
+    for (int i = 0; i < n; ++i) two[static_cast<std::size_t>(i)] = i % 2;
+    uneven.back() = 1;
+    layouts.push_back(two);
+    layouts.push_back(uneven);
+  }
+  const std::size_t counts[] = {0, 1, 3, 100, 1000, 4096, 100000, 1 << 20, std::size_t{1} << 26};
+  for (const auto& nodes : layouts) {
+    Group g = make_group(t, nodes, 1, pool);
+    const std::vector<std::size_t> per_peer(nodes.size(), 10), displs(nodes.size(), 0);
+    for (int k = 0; k < coll::kNumCollKinds; ++k) {
+      for (std::size_t count : counts) {
+        for (DataType dt : {DataType::i8, DataType::f32, DataType::f64}) {
+          CollArgs a;
+          a.kind = static_cast<CollKind>(k);
+          a.count = count;
+          a.dt = dt;
+          a.send_counts = a.recv_counts = per_peer;
+          a.send_displs = a.recv_displs = displs;
+          const AlgorithmDesc* d = coll::tune(g, a);
+          ASSERT_NE(d, nullptr) << coll::coll_name(a.kind) << " n=" << nodes.size() << " count=" << count;
+          EXPECT_EQ(d->kind, a.kind);
+          EXPECT_TRUE(d->supports == nullptr || d->supports(g, a))
+              << coll::coll_name(a.kind) << " picked unsupported " << d->name;
+        }
+      }
+    }
+  }
+}
+
+TEST(AllReduceTuner, AllReduceChoicesFollowSizeAndTopology) {
+  auto fabric = std::make_shared<testing::ThreadFabric>(8);
+  testing::ThreadTransport t(fabric, 0);
+  ScratchPool pool;
+  auto pick = [&](const std::vector<int>& nodes, std::size_t bytes) {
+    CollArgs a;
+    a.count = bytes / 4;
+    a.dt = DataType::f32;
+    return std::string(coll::tune(make_group(t, nodes, 1, pool), a)->name);
+  };
+  for (int n = 2; n <= 8; ++n) {
+    const std::string small = pick(flat_nodes(n), 64);
+    EXPECT_TRUE(small == "tree" || small == "rabenseifner") << n << ": " << small;
+    EXPECT_EQ(pick(flat_nodes(n), 64 << 20), "ring") << n;
+  }
+  EXPECT_EQ(pick({0, 0, 0, 0, 1, 1, 1, 1}, 64 << 20), "hierarchical");
+  EXPECT_EQ(pick({0, 1, 0, 1}, 64 << 20), "hierarchical");
+  EXPECT_NE(pick({0, 0, 0, 1}, 64 << 20), "hierarchical");  // not uniform
+  EXPECT_NE(pick({0, 1, 2, 3}, 64 << 20), "hierarchical");  // one rank per node: nothing to save
+}
+
+}  // namespace
+}  // namespace cclz
