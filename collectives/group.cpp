@@ -13,10 +13,14 @@ std::byte* ScratchPool::get(int slot, std::size_t bytes) {
     // Grow geometrically so a sweep of sizes does not reallocate every call.
     std::size_t want = std::max<std::size_t>({bytes, b.bytes + b.bytes / 2, 4096});
     want = (want + 63) / 64 * 64;
-    b.mem.reset(new (std::align_val_t{64}) std::byte[want]);
+    // Plain new[] (unique_ptr<byte[]> frees with plain delete[]; an aligned
+    // new[] would need the aligned delete[]), over-allocated by 63 bytes and
+    // aligned by hand.
+    b.mem.reset(new std::byte[want + 63]);
     b.bytes = want;
   }
-  return b.mem.get();
+  const auto p = reinterpret_cast<std::uintptr_t>(b.mem.get());
+  return b.mem.get() + ((64 - p % 64) % 64);
 }
 
 Group::Group(detail::Transport& t, std::vector<int> members, std::vector<int> node_of_member, int my_index,
