@@ -1,0 +1,251 @@
+// Bootstrap tests: unique-id and host:port rendezvous (ranks as threads),
+// the errors a rendezvous can end in (missing rank, disagreeing nranks,
+// duplicate rank, unreachable root, bad id) and the split exchange.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "harness.hpp"
+
+namespace cclz::ttest {
+namespace {
+
+std::string my_hostname() {
+  char h[256] = {};
+  ::gethostname(h, sizeof h - 1);
+  return h;
+}
+
+// A port that was free a moment ago (bound to 0, then released).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Every rank sends its rank to the next and checks what the previous sent:
+// proves each endpoint pair carries bytes after the rendezvous.
+void check_ring(Transport& t, int rank) {
+  const int n = t.size();
+  int out = 1000 + rank, in = -1;
+  const Status st = sendrecv(t, (rank + 1) % n, &out, sizeof out, (rank + n - 1) % n, &in, sizeof in, 5);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(in, 1000 + (rank + n - 1) % n);
+}
+
+class UniqueIdRendezvous : public ::testing::TestWithParam<int> {};
+
+TEST_P(UniqueIdRendezvous, EveryRankGetsTheTableAndConnects) {
+  const int n = GetParam();
+  const std::string host = my_hostname();
+  run_world(n, [&](World& w, int rank) {
+    ASSERT_NE(w.transport, nullptr);
+    EXPECT_EQ(w.transport->rank(), rank);
+    EXPECT_EQ(w.transport->size(), n);
+    EXPECT_STREQ(w.transport->name(), "ucx");
+    ASSERT_EQ(w.ranks.size(), static_cast<std::size_t>(n));
+    for (const auto& info : w.ranks) {
+      EXPECT_EQ(info.hostname, host);
+      EXPECT_EQ(info.node_override, -1);
+    }
+    check_ring(*w.transport, rank);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, UniqueIdRendezvous, ::testing::Values(1, 2, 3, 5));
+
+TEST(Bootstrap, NodeIdComesFromTheEnvironment) {
+  ::setenv("CCLZ_NODE_ID", "7", 1);
+  run_world(2, [](World& w, int) {
+    ASSERT_EQ(w.ranks.size(), 2u);
+    EXPECT_EQ(w.ranks[0].node_override, 7);
+    EXPECT_EQ(w.ranks[1].node_override, 7);
+  });
+  ::setenv("CCLZ_NODE_ID", "seven", 1);
+  UniqueId id;
+  ASSERT_TRUE(detail::make_unique_id(&id).ok());
+  World w;
+  const Status st = detail::connect_unique_id(id, 1, 0, after(2), &w);
+  ::unsetenv("CCLZ_NODE_ID");
+  EXPECT_EQ(st.code(), Result::invalid_argument) << st.to_string();
+  EXPECT_NE(st.message().find("CCLZ_NODE_ID"), std::string::npos) << st.message();
+}
+
+TEST(Bootstrap, HostPortOnLoopbackWithRankZeroStartingLast) {
+  const int port = free_port();
+  const int n = 3;
+  run_threads(n, [&](int rank) {
+    // Ranks 1 and 2 start before the root exists: they must retry.
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    World w;
+    const Status st = detail::connect_host_port("127.0.0.1", port, n, rank, after(10), &w);
+    ASSERT_TRUE(st.ok()) << "rank " << rank << ": " << st.to_string();
+    ASSERT_EQ(w.ranks.size(), static_cast<std::size_t>(n));
+    check_ring(*w.transport, rank);
+  });
+}
+
+TEST(Bootstrap, HostPortCanBeReusedForASecondCommunicator) {
+  const int port = free_port();
+  for (int round = 0; round < 2; ++round) {
+    run_threads(2, [&](int rank) {
+      World w;
+      const Status st = detail::connect_host_port("localhost", port, 2, rank, after(10), &w);
+      ASSERT_TRUE(st.ok()) << "round " << round << " rank " << rank << ": " << st.to_string();
+      check_ring(*w.transport, rank);
+    });
+  }
+}
+
+TEST(Bootstrap, MissingRanksAreNamedOnTheRanksThatArrived) {
+  UniqueId id;
+  ASSERT_TRUE(detail::make_unique_id(&id).ok());
+  const double timeout = 1.5;
+  const int present[] = {0, 2};
+  run_threads(2, [&](int i) {
+    const int rank = present[i];
+    const auto t0 = Clock::now();
+    World w;
+    const Status st = detail::connect_unique_id(id, 4, rank, after(timeout), &w);
+    const double took = seconds_since(t0);
+    EXPECT_EQ(st.code(), Result::timeout) << st.to_string();
+    EXPECT_NE(st.message().find("2 of 4 ranks arrived"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("missing rank(s) 1, 3"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("rendezvous at "), std::string::npos) << st.message();
+    EXPECT_GE(took, timeout - 0.2);
+    EXPECT_LT(took, timeout + 1.0);  // the root answers at the deadline, not after the grace period
+  });
+}
+
+TEST(Bootstrap, RanksThatDisagreeOnTheSizeAllFail) {
+  UniqueId id;
+  ASSERT_TRUE(detail::make_unique_id(&id).ok());
+  const int sizes[] = {2, 3};
+  run_threads(2, [&](int i) {
+    if (i == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 0 arrives first
+    const auto t0 = Clock::now();
+    World w;
+    const Status st = detail::connect_unique_id(id, sizes[i], i, after(5), &w);
+    EXPECT_EQ(st.code(), Result::invalid_usage) << st.to_string();
+    EXPECT_NE(st.message().find("disagree on the number of ranks"), std::string::npos) << st.message();
+    EXPECT_LT(seconds_since(t0), 2.0);  // told at once, not at the deadline
+  });
+}
+
+TEST(Bootstrap, DuplicateRankFailsEveryone) {
+  UniqueId id;
+  ASSERT_TRUE(detail::make_unique_id(&id).ok());
+  run_threads(3, [&](int i) {
+    const int rank = i == 2 ? 1 : i;  // ranks 0, 1, 1
+    if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    World w;
+    const Status st = detail::connect_unique_id(id, 3, rank, after(5), &w);
+    EXPECT_EQ(st.code(), Result::invalid_usage) << st.to_string();
+    EXPECT_NE(st.message().find("rank 1 joined twice"), std::string::npos) << st.message();
+  });
+}
+
+TEST(Bootstrap, UnreachableRootFailsAtTheDeadlineNamingTheAddress) {
+  const int port = free_port();
+  const auto t0 = Clock::now();
+  World w;
+  const Status st = detail::connect_host_port("127.0.0.1", port, 2, 1, after(0.6), &w);
+  const double took = seconds_since(t0);
+  EXPECT_EQ(st.code(), Result::timeout) << st.to_string();
+  EXPECT_NE(st.message().find("127.0.0.1:" + std::to_string(port)), std::string::npos) << st.message();
+  EXPECT_GE(took, 0.5);
+  EXPECT_LT(took, 1.5);
+}
+
+TEST(Bootstrap, RejectsBadArguments) {
+  UniqueId id{};
+  World w;
+  EXPECT_EQ(detail::connect_unique_id(id, 2, 0, after(1), &w).code(), Result::invalid_argument);
+  ASSERT_TRUE(detail::make_unique_id(&id).ok());
+  EXPECT_EQ(detail::connect_unique_id(id, 2, 2, after(1), &w).code(), Result::invalid_argument);
+  EXPECT_EQ(detail::connect_unique_id(id, 0, 0, after(1), &w).code(), Result::invalid_argument);
+  EXPECT_EQ(detail::connect_host_port("127.0.0.1", 0, 1, 0, after(1), &w).code(), Result::invalid_argument);
+  EXPECT_EQ(detail::connect_host_port("no-such-host.invalid", 5000, 1, 0, after(1), &w).code(),
+            Result::system_error);
+}
+
+TEST(Bootstrap, UniqueIdsDiffer) {
+  UniqueId a, b;
+  ASSERT_TRUE(detail::make_unique_id(&a).ok());
+  ASSERT_TRUE(detail::make_unique_id(&b).ok());
+  EXPECT_NE(id_to_hex(a), id_to_hex(b));
+  // Serve both so their root threads exit.
+  for (const UniqueId* id : {&a, &b}) {
+    World w;
+    EXPECT_TRUE(detail::connect_unique_id(*id, 1, 0, after(5), &w).ok());
+  }
+}
+
+// Split: two disjoint sub-groups of a 5-rank world connect at the same
+// time (different tag bases), with members listed out of parent order.
+TEST(Bootstrap, SubgroupsConnectOverTheParentTransport) {
+  const std::vector<int> group_a = {4, 1, 3};
+  const std::vector<int> group_b = {2, 0};
+  run_world(5, [&](World& parent, int rank) {
+    const bool in_a = std::find(group_a.begin(), group_a.end(), rank) != group_a.end();
+    const auto& members = in_a ? group_a : group_b;
+    World sub;
+    const Status st =
+        detail::connect_subgroup(*parent.transport, members, in_a ? 100 : 200, parent.ranks, after(5), &sub);
+    ASSERT_TRUE(st.ok()) << "rank " << rank << ": " << st.to_string();
+    const int me = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    EXPECT_EQ(sub.transport->rank(), me);
+    EXPECT_EQ(sub.transport->size(), static_cast<int>(members.size()));
+    ASSERT_EQ(sub.ranks.size(), members.size());
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      EXPECT_EQ(sub.ranks[i].hostname, parent.ranks[static_cast<std::size_t>(members[i])].hostname);
+    }
+    // Bytes in the sub-group carry the parent rank, to check who talks to whom.
+    const int n = sub.transport->size();
+    int out = rank, in = -1;
+    const Status ex = sendrecv(*sub.transport, (me + 1) % n, &out, sizeof out, (me + n - 1) % n, &in, sizeof in, 7, 5);
+    ASSERT_TRUE(ex.ok()) << ex.to_string();
+    EXPECT_EQ(in, members[static_cast<std::size_t>((me + n - 1) % n)]);
+    // The parent still works after the split.
+    check_ring(*parent.transport, rank);
+  });
+}
+
+TEST(Bootstrap, SubgroupRejectsAListWithoutThisRank) {
+  run_world(2, [](World& parent, int rank) {
+    World sub;
+    const std::vector<int> members = {1 - rank};
+    EXPECT_EQ(detail::connect_subgroup(*parent.transport, members, 0, parent.ranks, after(1), &sub).code(),
+              Result::invalid_argument);
+  });
+}
+
+TEST(Bootstrap, SubgroupTimesOutWhenAMemberNeverJoins) {
+  run_world(3, [](World& parent, int rank) {
+    if (rank == 2) {
+      // Never takes part in the split, but stays alive past the others'
+      // deadline so they see a timeout, not a departed peer.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      return;
+    }
+    World sub;
+    const Status st = detail::connect_subgroup(*parent.transport, {0, 2, 1}, 40, parent.ranks, after(0.5), &sub);
+    EXPECT_EQ(st.code(), Result::timeout) << st.to_string();
+    EXPECT_NE(st.message().find("rank(s)"), std::string::npos) << st.message();
+  });
+}
+
+}  // namespace
+}  // namespace cclz::ttest
