@@ -13,10 +13,15 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "algorithm.hpp"
@@ -423,6 +428,173 @@ TEST(AllReduce, RejectsAvgAndBadDtype) {
       a.op = ReduceOp::sum;
       a.dt = static_cast<DataType>(3);
       EXPECT_EQ(algo(name).run(g, a).code(), Result::invalid_argument) << name;
+    });
+  }
+}
+
+// ---- rendezvous semantics ----------------------------------------------------
+
+// The thread transport completes a send as soon as it is posted (eager).
+// Real transports complete large sends only once the receiver has matched
+// them (UCX rendezvous), which is where pipelined schedules deadlock if a
+// rank waits for a send before posting a receive its peer needs. This
+// decorator holds every send open until the matching receive has completed
+// and the receiving rank has been in wait() since (its "progress"), so such
+// a schedule times out here instead of passing.
+struct RendezvousBoard {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::tuple<int, int, std::uint64_t>, std::deque<detail::Op*>> open_sends;  // src, dst, tag
+};
+
+class RendezvousTransport final : public detail::Transport {
+ public:
+  RendezvousTransport(detail::Transport& inner, RendezvousBoard& board) : inner_(inner), board_(board) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const char* name() const override { return "threads+rendezvous"; }
+
+  Status post_send(int peer, std::uint64_t tag, const void* buf, std::size_t bytes, detail::Op* op,
+                   Traffic traffic) override {
+    std::lock_guard lk(board_.mu);
+    Status st = inner_.post_send(peer, tag, buf, bytes, op, traffic);
+    if (!st.ok()) return st;
+    op->done = false;  // until the receiver has taken it
+    op->handle = op;
+    board_.open_sends[{rank(), peer, tag}].push_back(op);
+    return {};
+  }
+  Status post_recv(int peer, std::uint64_t tag, void* buf, std::size_t bytes, detail::Op* op,
+                   Traffic traffic) override {
+    Status st = inner_.post_recv(peer, tag, buf, bytes, op, traffic);
+    if (st.ok()) recvs_.push_back({op, peer, tag});
+    return st;
+  }
+  Status wait(std::span<detail::Op* const> ops, detail::Clock::time_point deadline) override {
+    for (;;) {
+      release_completed_receives();
+      std::unique_lock lk(board_.mu);
+      bool all = true;
+      for (detail::Op* op : ops) {
+        // A receive counts as done only once released: the inner transport
+        // may finish it at any moment, and returning without releasing its
+        // send would leave the sender waiting for a rank that has moved on.
+        if (std::any_of(recvs_.begin(), recvs_.end(), [op](const Recv& r) { return r.op == op; })) {
+          all = false;
+          continue;
+        }
+        if (op->done && !op->status.ok()) return op->status;
+        all = all && op->done;
+      }
+      if (all) return {};
+      if (detail::Clock::now() > deadline) return {Result::timeout, "rendezvous: timed out"};
+      board_.cv.wait_for(lk, std::chrono::microseconds(200));
+    }
+  }
+  void cancel(detail::Op* op) override {
+    inner_.cancel(op);
+    std::erase_if(recvs_, [op](const Recv& r) { return r.op == op; });
+    std::lock_guard lk(board_.mu);
+    for (auto& [key, q] : board_.open_sends) std::erase(q, op);
+  }
+  void fail(const Status& why) override { inner_.fail(why); }
+
+ private:
+  struct Recv {
+    detail::Op* op;
+    int peer;
+    std::uint64_t tag;
+  };
+  // Completes the sends behind every receive of this rank that the inner
+  // transport has finished (checked with an already-passed deadline).
+  void release_completed_receives() {
+    for (auto it = recvs_.begin(); it != recvs_.end();) {
+      detail::Op* op = it->op;
+      if (inner_.wait(std::span<detail::Op* const>(&op, 1), detail::Clock::now()).code() == Result::timeout) {
+        ++it;
+        continue;
+      }
+      std::lock_guard lk(board_.mu);
+      auto& q = board_.open_sends[{it->peer, rank(), it->tag}];
+      if (!q.empty()) {
+        q.front()->done = true;
+        q.front()->handle = nullptr;
+        q.pop_front();
+      }
+      board_.cv.notify_all();
+      it = recvs_.erase(it);
+    }
+  }
+
+  detail::Transport& inner_;
+  RendezvousBoard& board_;
+  std::vector<Recv> recvs_;
+};
+
+TEST(AllReduce, NoDeadlockWithRendezvousSends) {
+  struct Setup {
+    std::string name;
+    RunFn fn;
+    std::vector<int> nodes;
+  };
+  std::vector<Setup> setups;
+  for (const char* name : {"ring", "tree", "rabenseifner"}) {
+    for (int n : {2, 3, 5, 8}) setups.push_back({name, by_descriptor(name), flat_nodes(n)});
+  }
+  for (int n : {3, 8}) {
+    setups.push_back({"ring slice=256",
+                      [](Group& g, const CollArgs& a) { return coll::allreduce_impl::ring_allreduce(g, a, 256); },
+                      flat_nodes(n)});
+    setups.push_back({"tree chunk=256",
+                      [](Group& g, const CollArgs& a) { return coll::allreduce_impl::tree_allreduce(g, a, 256); },
+                      flat_nodes(n)});
+  }
+  setups.push_back({"hierarchical slice=256",
+                    [](Group& g, const CollArgs& a) { return coll::allreduce_impl::hierarchical_allreduce(g, a, 256); },
+                    {0, 0, 0, 1, 1, 1}});
+  const std::vector<Case> cases = {{DataType::f32, ReduceOp::sum, 4099, false},
+                                   {DataType::i32, ReduceOp::max, 4099, true},
+                                   {DataType::u8, ReduceOp::prod, 7, false}};
+  // The decorator must catch the classic head-to-head blocking send.
+  {
+    RendezvousBoard board;
+    testing::run_ranks(2, [&](detail::Transport& t, int rank) {
+      RendezvousTransport rt(t, board);
+      ScratchPool pool;
+      Group g = make_group(rt, flat_nodes(2), 1, pool, 0.3);
+      int out = rank, in = -1;
+      Status st = g.send(1 - rank, 0, &out, sizeof out);
+      if (st.ok()) st = g.recv(1 - rank, 0, &in, sizeof in);
+      EXPECT_EQ(st.code(), Result::timeout) << "send-send-recv-recv must deadlock under rendezvous";
+    });
+  }
+  for (const Setup& s : setups) {
+    RendezvousBoard board;
+    const RunFn via_rendezvous = [&](Group& g, const CollArgs& a) { return s.fn(g, a); };
+    const int n = static_cast<int>(s.nodes.size());
+    testing::run_ranks(n, [&](detail::Transport& t, int rank) {
+      RendezvousTransport rt(t, board);
+      ScratchPool pool;
+      for (std::size_t k = 0; k < cases.size(); ++k) {
+        const Case& c = cases[k];
+        const std::size_t es = dtype_size(c.dt);
+        std::vector<std::byte> send(c.count * es), recv(c.count * es), expect(c.count * es);
+        for (std::size_t i = 0; i < c.count; ++i) {
+          store(send.data() + i * es, c.dt, input_value(rank, i, c.op, c.dt));
+          store(expect.data() + i * es, c.dt, expected_value(n, i, c.op, c.dt));
+        }
+        if (c.in_place) recv = send;
+        CollArgs a;
+        a.sendbuf = c.in_place ? recv.data() : send.data();
+        a.recvbuf = recv.data();
+        a.count = c.count;
+        a.dt = c.dt;
+        a.op = c.op;
+        Group g = make_group(rt, s.nodes, k + 1, pool, 10.0);
+        const Status st = via_rendezvous(g, a);
+        ASSERT_TRUE(st.ok()) << describe(s.name, n, c) << " rank " << rank << ": " << st.to_string();
+        EXPECT_TRUE(recv == expect) << describe(s.name, n, c) << " rank " << rank;
+      }
     });
   }
 }
