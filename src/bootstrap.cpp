@@ -386,7 +386,10 @@ Status start_root(std::unique_ptr<RootService> root) {
     return {st.code(), "rendezvous at " + where + ": sending hello: " + st.message()};
   }
   std::vector<std::byte> answer;
-  if (Status st = net::recv_frame(fd.get(), &answer, deadline + kVerdictGrace); !st.ok()) {
+  // Saturating: a caller may pass time_point::max() for "no deadline".
+  const auto verdict_deadline =
+      deadline > Clock::time_point::max() - kVerdictGrace ? Clock::time_point::max() : deadline + kVerdictGrace;
+  if (Status st = net::recv_frame(fd.get(), &answer, verdict_deadline); !st.ok()) {
     if (st.code() == Result::timeout) {
       return {Result::timeout, "rendezvous at " + where + ": rank " + std::to_string(rank) +
                                    " got no answer from the root before the deadline"};

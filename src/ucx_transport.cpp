@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 namespace cclz::detail {
 
@@ -55,6 +56,26 @@ void default_option(ucp_config_t* cfg, const char* name, const char* value,
   (void)ucp_config_modify(cfg, name, value);  // unknown in some UCX builds: harmless
 }
 
+// Whether UCX_TLS (unset: everything) can select a transport named in
+// `names`; options for transports it excludes only make UCX warn.
+bool tls_may_include(std::initializer_list<std::string_view> names) {
+  const char* env = std::getenv("UCX_TLS");
+  if (env == nullptr || *env == '\0') return true;
+  std::string_view list = env;
+  const bool negate = list.front() == '^';
+  if (negate) list.remove_prefix(1);
+  bool listed = false;
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    std::string_view tok = list.substr(0, comma);
+    if (const std::size_t colon = tok.find(':'); colon != std::string_view::npos) tok = tok.substr(0, colon);
+    for (std::string_view n : names) listed = listed || tok == n;
+    if (tok == "all") listed = listed || !negate;
+    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+  }
+  return negate ? !listed : listed;
+}
+
 Status acquire_context(ucp_context_h* out) {
   ContextRegistry& r = context_registry();
   std::lock_guard lk(r.mu);
@@ -72,14 +93,18 @@ Status acquire_context(ucp_context_h* out) {
     // The key is the shared-memory base table's ("MM_"), which is how UCX
     // matches it inside the posix/sysv iface configs; the per-transport
     // environment names still win.
-    default_option(cfg, "MM_ERROR_HANDLING", "y", {"POSIX_ERROR_HANDLING", "SYSV_ERROR_HANDLING"});
+    if (tls_may_include({"sm", "shm", "mm", "posix", "sysv"})) {
+      default_option(cfg, "MM_ERROR_HANDLING", "y", {"POSIX_ERROR_HANDLING", "SYSV_ERROR_HANDLING"});
+    }
     // Likewise UCX only uses CMA (single-copy rendezvous between processes)
     // under peer error handling if the CMA domain claims memory invalidation.
     // CMA rendezvous is a GET by the receiver from the sender's pages, so
     // what invalidation would guard is a receiver that outlives a failed
     // send reading a released buffer; that operation has already failed on
     // the sending side. Measured on 2 cores: 4 MB ping-pong 2x faster.
-    default_option(cfg, "MEMORY_INVALIDATE", "y", {"CMA_MEMORY_INVALIDATE"});  // only CMA has it
+    if (tls_may_include({"sm", "shm", "cma"})) {
+      default_option(cfg, "MEMORY_INVALIDATE", "y", {"CMA_MEMORY_INVALIDATE"});  // only CMA has it
+    }
     // UCX's 20 s default would leave a dead peer unnoticed for most of a
     // typical CCLZ_TIMEOUT; a keepalive every second is cheap.
     default_option(cfg, "KEEPALIVE_INTERVAL", "1s");
@@ -152,6 +177,7 @@ struct UcxTransport::Peer {
   int rank = -1;
   ucp_ep_h ep = nullptr;
   ucs_status_t error = UCS_OK;  // set by the endpoint error callback
+  Clock::time_point error_at{};
   int inflight = 0;             // requests with this peer UCX still holds
   bool departed = false;        // its goodbye arrived (transport destroyed or aborted)
   Clock::time_point departed_at{};
@@ -161,9 +187,10 @@ namespace {
 constexpr std::size_t kPendingChunk = 64;
 constexpr unsigned kGoodbyeAmId = 0x7cc1;
 constexpr std::uint32_t kGoodbyeMagic = 0x5a4c4347;  // "GCLZ"
-// A goodbye may overtake the sender's last messages when UCX spreads them
-// over several lanes; ops with a departed peer fail only after this long.
-constexpr auto kDepartGrace = std::chrono::milliseconds(100);
+// What a peer sent before it failed or left may still be queued here
+// (a goodbye can even overtake the last messages on another lane): ops with
+// such a peer fail only after this long of progress.
+constexpr auto kPeerGrace = std::chrono::milliseconds(100);
 // Bound on each teardown phase (flush, close) so dead peers cannot hang us.
 constexpr auto kTeardownBound = std::chrono::milliseconds(1000);
 constexpr std::uint64_t kTagMask = (std::uint64_t{1} << Transport::kTagBits) - 1;
@@ -265,6 +292,7 @@ Status UcxTransport::connect(const std::vector<std::vector<std::byte>>& addresse
       // whole communicator here.
       peer->ep = nullptr;
       peer->error = s;
+      peer->error_at = Clock::now();
     }
     peers_.push_back(std::move(peer));
   }
@@ -463,7 +491,10 @@ void UcxTransport::on_ep_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) 
   auto* peer = static_cast<Peer*>(arg);
   // Recorded only: wait() fails the ops with this peer (UCX fails the sends
   // itself but leaves tagged receives posted), the destructor force-closes.
-  if (peer->error == UCS_OK) peer->error = status == UCS_OK ? UCS_ERR_CONNECTION_RESET : status;
+  if (peer->error == UCS_OK) {
+    peer->error = status == UCS_OK ? UCS_ERR_CONNECTION_RESET : status;
+    peer->error_at = Clock::now();
+  }
 }
 
 // ------------------------------------------------------------ posting
@@ -480,8 +511,8 @@ Status UcxTransport::failed_status() const {
 
 Status UcxTransport::peer_blocker(int peer, Clock::time_point now) const {
   const Peer& p = *peers_[static_cast<std::size_t>(peer)];
-  if (p.error != UCS_OK) return peer_failed(peer, p.error);
-  if (p.departed && now - p.departed_at >= kDepartGrace) {
+  if (p.error != UCS_OK && now - p.error_at >= kPeerGrace) return peer_failed(peer, p.error);
+  if (p.departed && now - p.departed_at >= kPeerGrace) {
     return {Result::remote_error,
             "rank " + std::to_string(peer) + " left (its communicator was destroyed or aborted)"};
   }

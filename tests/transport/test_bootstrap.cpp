@@ -181,6 +181,17 @@ TEST(Bootstrap, RejectsBadArguments) {
             Result::system_error);
 }
 
+TEST(Bootstrap, AnUnboundedDeadlineWorks) {
+  UniqueId id;
+  ASSERT_TRUE(detail::make_unique_id(&id).ok());
+  World w;
+  const Status st = detail::connect_unique_id(id, 1, 0, Clock::time_point::max(), &w);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  int out = 5, in = 0;
+  ASSERT_TRUE(sendrecv(*w.transport, 0, &out, sizeof out, 0, &in, sizeof in, 1, 5).ok());
+  EXPECT_EQ(in, 5);
+}
+
 TEST(Bootstrap, UniqueIdsDiffer) {
   UniqueId a, b;
   ASSERT_TRUE(detail::make_unique_id(&a).ok());
