@@ -1,0 +1,69 @@
+// Communicator configuration from CCLZ_* environment variables, read once
+// when a communicator is made (a split inherits its parent's). Parsing only;
+// nothing here keeps global state. Cost: a handful of getenv calls per
+// communicator creation.
+//
+//   CCLZ_TIMEOUT=<seconds>    bound on every blocking wait (default 300; 0 = none)
+//   CCLZ_CHECK=1              exchange (kind, count, dtype, op, root) before each collective
+//   CCLZ_DEBUG=WARN|INFO|TRACE  log to stderr with a "cclz rank R:" prefix
+//   CCLZ_ALGO=ring | all_reduce=ring,all_gather=doubling
+//   CCLZ_LOCAL_SIZE=k         node = rank / k (declares k ranks per "node")
+//   (CCLZ_NODE_ID is read by the bootstrap into RankInfo::node_override.)
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+
+#include "algorithm.hpp"
+#include "cclz/types.hpp"
+#include "transport.hpp"
+
+namespace cclz::detail {
+
+enum class LogLevel : int { none = 0, warn = 1, info = 2, trace = 3 };
+
+// Parsed CCLZ_ALGO. `any` applies to every collective that has an algorithm
+// of that name; `per_kind` names one algorithm for one collective and wins.
+struct AlgoOverride {
+  std::string any;
+  std::array<std::string, coll::kNumCollKinds> per_kind{};
+  bool empty() const noexcept;
+};
+
+struct Config {
+  double timeout_s = 300.0;  // <= 0: no limit
+  bool check = false;
+  LogLevel log_level = LogLevel::none;
+  std::string algo_spec;  // CCLZ_ALGO as given
+  AlgoOverride algo;
+  int local_size = 0;  // CCLZ_LOCAL_SIZE, 0 = unset
+
+  // The deadline of an operation that starts now.
+  Clock::time_point deadline_from_now() const noexcept;
+};
+
+// "ring" or "all_reduce=ring,all_gather=doubling" (spaces ignored; '-' and
+// '_' optional in collective names). Every name must exist in the registry:
+// an unknown collective or algorithm is invalid_argument listing valid names.
+Status parse_algo_spec(std::string_view spec, AlgoOverride* out);
+
+// Reads the CCLZ_* variables above. A malformed value is invalid_argument
+// naming the variable; nothing is silently ignored.
+Status config_from_env(Config* out);
+
+// "WARN", "info", ... (case-insensitive); false for anything else.
+bool parse_log_level(std::string_view s, LogLevel* out) noexcept;
+
+// CCLZ_DEBUG for code that runs before a communicator exists (bootstrap);
+// none when unset or malformed.
+LogLevel log_level_from_env() noexcept;
+
+// "ring, tree, ..." for one collective, or every distinct name when `kind`
+// is null.
+std::string valid_algorithm_names(const coll::CollKind* kind);
+
+// Collective from its name ("all_reduce", "allreduce", "all-reduce").
+bool parse_coll_kind(std::string_view s, coll::CollKind* out) noexcept;
+
+}  // namespace cclz::detail
