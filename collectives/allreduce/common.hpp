@@ -130,14 +130,13 @@ class PostedOps {
   std::size_t cap_;
 };
 
-inline Status check_args(const Group& g, const CollArgs& a, const char* algo) {
+inline Status check_args(const CollArgs& a, const char* algo) {
   if (a.kind != CollKind::all_reduce || !dtype_valid(a.dt) || a.op == ReduceOp::avg || !op_valid(a.op)) {
     return {Result::invalid_argument, std::string("all_reduce ") + algo + ": bad kind, dtype or op (avg is the comm's job)"};
   }
   if (a.count > 0 && (a.sendbuf == nullptr || a.recvbuf == nullptr)) {
     return {Result::invalid_argument, std::string("all_reduce ") + algo + ": null buffer"};
   }
-  (void)g;
   return {};
 }
 

@@ -4,8 +4,8 @@
 //   1. intra-node ring reduce-scatter: the node's L ranks each own 1/L of the
 //      buffer, reduced over the node;
 //   2. inter-node all-reduce of that 1/L among the N ranks with the same
-//      local index (one per node): ring for large pieces, Rabenseifner for
-//      small ones;
+//      local index (one per node), with the algorithm the tuner picks for
+//      that piece on that group (ring for large, tree/Rabenseifner small);
 //   3. intra-node ring all-gather.
 // Phase 2 moves only 2(N-1)/N * bytes/L per rank across the slow network,
 // and every node's L links to the network carry it in parallel. Each element
@@ -24,7 +24,7 @@
 namespace cclz::coll {
 
 extern const AlgorithmDesc allreduce_ring;
-extern const AlgorithmDesc allreduce_rabenseifner;
+extern const AlgorithmDesc allreduce_hierarchical;
 
 namespace allreduce_impl {
 namespace {
@@ -34,13 +34,11 @@ namespace {
 constexpr int kSpaceIntraReduce = 1;
 constexpr int kSpaceInter = 2;
 constexpr int kSpaceIntraGather = 3;
-// Inner all-reduce pieces at least this large use the ring.
-constexpr std::size_t kInnerRingMinBytes = std::size_t{256} << 10;
 
 }  // namespace
 
 Status hierarchical_allreduce(Group& g, const CollArgs& a, std::size_t slice_bytes) {
-  if (Status st = check_args(g, a, "hierarchical"); !st.ok()) return st;
+  if (Status st = check_args(a, "hierarchical"); !st.ok()) return st;
   if (g.num_nodes() < 2 || !g.nodes_uniform()) {
     return {Result::invalid_usage, "all_reduce hierarchical: needs several nodes with equal rank counts"};
   }
@@ -74,8 +72,11 @@ Status hierarchical_allreduce(Group& g, const CollArgs& a, std::size_t slice_byt
     inner.sendbuf = dst + off * es;
     inner.recvbuf = dst + off * es;
     inner.count = len;
-    const AlgorithmDesc& algo = len * es >= kInnerRingMinBytes ? allreduce_ring : allreduce_rabenseifner;
-    if (Status st = algo.run(inter, inner); !st.ok()) return st;
+    // The inner group has one rank per node, so the tuner never picks this
+    // algorithm for it; the guard keeps a re-tuned table from recursing.
+    const AlgorithmDesc* algo = tune(inter, inner);
+    if (algo == nullptr || algo == &allreduce_hierarchical) algo = &allreduce_ring;
+    if (Status st = algo->run(inter, inner); !st.ok()) return st;
   }
 
   Group intra_ag = g.subgroup(local, kSpaceIntraGather);

@@ -34,7 +34,7 @@ constexpr std::uint32_t kTagDoubling = 64;  // + step
 constexpr std::uint32_t kTagPost = 128;     // result back to the dropped ranks
 
 Status run(Group& g, const CollArgs& a) {
-  if (Status st = allreduce_impl::check_args(g, a, "rabenseifner"); !st.ok()) return st;
+  if (Status st = allreduce_impl::check_args(a, "rabenseifner"); !st.ok()) return st;
   if (a.count == 0) return {};
   const int n = g.size(), rank = g.rank();
   const std::size_t es = a.elem_size(), bytes = a.count * es;

@@ -15,7 +15,7 @@ namespace cclz::coll {
 namespace allreduce_impl {
 
 Status ring_allreduce(Group& g, const CollArgs& a, std::size_t slice_bytes) {
-  if (Status st = check_args(g, a, "ring"); !st.ok()) return st;
+  if (Status st = check_args(a, "ring"); !st.ok()) return st;
   if (a.count == 0) return {};
   const std::size_t es = a.elem_size();
   const auto* src = static_cast<const std::byte*>(a.sendbuf);

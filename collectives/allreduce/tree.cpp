@@ -71,7 +71,7 @@ TreeRole role_in(int tree, int rank, int n) {
 }  // namespace
 
 Status tree_allreduce(Group& g, const CollArgs& a, std::size_t chunk_bytes) {
-  if (Status st = check_args(g, a, "tree"); !st.ok()) return st;
+  if (Status st = check_args(a, "tree"); !st.ok()) return st;
   if (a.count == 0) return {};
   const int n = g.size(), rank = g.rank();
   const std::size_t es = a.elem_size();
