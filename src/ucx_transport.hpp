@@ -26,11 +26,16 @@
 
 namespace cclz::detail {
 
-// How wait() backs off (see UcxTransport::wait). Defaults are measured on a
-// 2-core host with 8 ranks; CCLZ_SPIN_US, CCLZ_YIELD_US and CCLZ_POLL_MS
-// override them.
+// How wait() backs off (see UcxTransport::wait); CCLZ_SPIN_US, CCLZ_YIELD_US
+// and CCLZ_POLL_MS override it. Measured on a 2-core host (cclz-transport-
+// bench, medians of 5, other jobs running): a 4 KB ring all-reduce over 4
+// ranks took 21/35/53/69 us with spin 0/2/5/10 us and 8 ranks 150/293/146/
+// 323 us, while 2 ranks on 2 cores want a short spin for their ~1 us
+// latency. Spinning longer only steals the core from the peer we wait for.
+// The event fd wakes a sleeping rank in ~50-100 us, so the yield phase
+// covers the gaps between steps of one collective before sleeping.
 struct UcxWaitPolicy {
-  int spin_us = 10;     // busy ucp_worker_progress
+  int spin_us = 2;      // busy ucp_worker_progress
   int yield_us = 2000;  // then progress + sched_yield
   int poll_ms = 1;      // then sleep on the worker's event fd, at most this long
   static UcxWaitPolicy from_env();

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -142,12 +143,26 @@ static int role_echo_then_idle(const UniqueId& id) {
   return 0;
 }
 
+// Makes a unique id whose root serves 2 ranks, joins it as rank 0 (so the
+// root has a live connection and a deadline), and exits while it waits.
+static int role_root_then_exit() {
+  UniqueId id;
+  if (!detail::make_unique_id(&id).ok()) return 2;
+  std::thread([id] {
+    World w;
+    (void)detail::connect_unique_id(id, 2, 0, after(30), &w);
+  }).detach();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::exit(0);  // runs static destructors while both threads are blocked
+}
+
 int child_main(int argc, char** argv) {
   if (argc < 4) return 100;
   const std::string role = argv[2];
   UniqueId id;
   if (!id_from_hex(argv[3], &id)) return 101;
   if (role == "echo_then_idle") return role_echo_then_idle(id);
+  if (role == "root_then_exit") return role_root_then_exit();
   return 102;
 }
 

@@ -181,6 +181,51 @@ TEST(Bootstrap, RejectsBadArguments) {
             Result::system_error);
 }
 
+TEST(Bootstrap, HostPortOverIpv6Loopback) {
+  const int port = free_port();
+  run_threads(2, [&](int rank) {
+    World w;
+    const Status st = detail::connect_host_port("::1", port, 2, rank, after(10), &w);
+    ASSERT_TRUE(st.ok()) << "rank " << rank << ": " << st.to_string();
+    check_ring(*w.transport, rank);
+  });
+}
+
+// CCLZ_SOCKET_IFNAME picks the interface the unique id advertises (seen in
+// the root's messages); one that matches nothing is an error.
+TEST(Bootstrap, SocketIfnameChoosesTheAdvertisedAddress) {
+  ::setenv("CCLZ_SOCKET_IFNAME", "lo", 1);
+  UniqueId id;
+  const Status made = detail::make_unique_id(&id);
+  ::setenv("CCLZ_SOCKET_IFNAME", "no-such-interface", 1);
+  UniqueId bad;
+  const Status made_bad = detail::make_unique_id(&bad);
+  ::unsetenv("CCLZ_SOCKET_IFNAME");
+  ASSERT_TRUE(made.ok()) << made.to_string();
+  EXPECT_EQ(made_bad.code(), Result::invalid_argument) << made_bad.to_string();
+  World w;
+  const Status st = detail::connect_unique_id(id, 2, 5, after(2), &w);  // rank out of range: checked locally
+  EXPECT_EQ(st.code(), Result::invalid_argument);
+  // Rank 0 asks for 2 ranks, rank 1 for 3: the root's verdict names its address.
+  run_threads(2, [&](int i) {
+    if (i == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    World x;
+    const Status s2 = detail::connect_unique_id(id, i + 2, i, after(5), &x);
+    EXPECT_EQ(s2.code(), Result::invalid_usage) << s2.to_string();
+    EXPECT_NE(s2.message().find("rendezvous at 127.0.0.1:"), std::string::npos) << s2.message();
+  });
+}
+
+// A process that exits while its root thread still waits for ranks must exit
+// cleanly (the thread owns all it touches).
+TEST(Bootstrap, ProcessExitWhileTheRootWaitsIsClean) {
+  UniqueId unused;
+  ASSERT_TRUE(detail::make_unique_id(&unused).ok());
+  const pid_t child = spawn_child({"root_then_exit", id_to_hex(unused)});
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(wait_child(child, 10), 0);
+}
+
 TEST(Bootstrap, AnUnboundedDeadlineWorks) {
   UniqueId id;
   ASSERT_TRUE(detail::make_unique_id(&id).ok());
