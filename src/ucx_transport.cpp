@@ -237,6 +237,14 @@ Status UcxTransport::create(int rank, int size, std::unique_ptr<UcxTransport>* o
 }
 
 Status UcxTransport::init_worker() {
+  // Peer records exist before connect(): a fast peer's goodbye may arrive
+  // before this rank has made its endpoints.
+  for (int r = 0; r < size_; ++r) {
+    auto peer = std::make_unique<Peer>();
+    peer->owner = this;
+    peer->rank = r;
+    peers_.push_back(std::move(peer));
+  }
   if (Status st = acquire_context(&context_); !st.ok()) return st;
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -273,18 +281,15 @@ Status UcxTransport::connect(const std::vector<std::vector<std::byte>>& addresse
     return {Result::internal_error, "connect: " + std::to_string(addresses.size()) + " addresses for " +
                                         std::to_string(size_) + " ranks"};
   }
-  peers_.reserve(addresses.size());
   for (int r = 0; r < size_; ++r) {
-    auto peer = std::make_unique<Peer>();
-    peer->owner = this;
-    peer->rank = r;
+    Peer* peer = peers_[static_cast<std::size_t>(r)].get();
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(addresses[static_cast<std::size_t>(r)].data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &UcxTransport::on_ep_error;
-    ep.err_handler.arg = peer.get();
+    ep.err_handler.arg = peer;
     const ucs_status_t s = ucp_ep_create(worker_, &ep, &peer->ep);
     if (s != UCS_OK) {
       // Most often the peer already left (its shared memory is gone): treat
@@ -294,7 +299,6 @@ Status UcxTransport::connect(const std::vector<std::vector<std::byte>>& addresse
       peer->error = s;
       peer->error_at = Clock::now();
     }
-    peers_.push_back(std::move(peer));
   }
   connected_ = true;
   return {};
