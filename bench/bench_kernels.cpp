@@ -1,2 +1,225 @@
+// Reduction kernel benchmark (Google Benchmark): kernels::reduce() for every
+// dtype and op at 4 KiB, 256 KiB (in cache) and 64 MiB (memory) per buffer,
+// next to memcpy of the same buffer size as the copy-bandwidth reference, plus
+// the per-ISA variants, the fused reduce_many against a chain of reduce()
+// calls, and the bulk f16/bf16 conversions.
+//
+// Bytes processed (so "bytes_per_second" is a bandwidth) count every stream
+// that touches memory: reduce = 3 x buffer (read a, read b, write dst),
+// memcpy = 2 x buffer (read, write), reduce_many over k inputs = (k + 1) x
+// buffer, a chain of k - 1 reduce() calls = 3 (k - 1) x buffer, a conversion
+// = input + output bytes. Equal GB/s for reduce and memcpy therefore means
+// the kernel runs at copy bandwidth. Cost: ~1-2 minutes for the whole set;
+// filter with --benchmark_filter, e.g. 'reduce/(f32|f16|bf16|i32)/sum|memcpy'.
 #include <benchmark/benchmark.h>
-BENCHMARK_MAIN();
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels.hpp"
+
+namespace {
+
+using cclz::DataType;
+using cclz::ReduceOp;
+namespace kernels = cclz::kernels;
+
+constexpr std::size_t kSizes[] = {4u << 10, 256u << 10, 64u << 20};
+
+std::string size_name(std::size_t bytes) {
+  if (bytes >= (1u << 20)) return std::to_string(bytes >> 20) + "MB";
+  return std::to_string(bytes >> 10) + "KB";
+}
+
+// Finite, normal, non-growing values (denormal f32 arithmetic would measure
+// microcode assists, not the kernel): 1 + small fraction, in the buffer's type.
+void fill(std::vector<unsigned char>& buf, DataType dt, unsigned seed) {
+  const std::size_t es = cclz::dtype_size(dt);
+  const std::size_t n = buf.size() / es;
+  std::uint32_t x = seed * 2654435761u + 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    const float v = 1.0f + static_cast<float>(x >> 24) / 1024.0f;
+    unsigned char* p = buf.data() + i * es;
+    switch (dt) {
+      case DataType::f32: std::memcpy(p, &v, 4); break;
+      case DataType::f64: {
+        const double d = v;
+        std::memcpy(p, &d, 8);
+        break;
+      }
+      case DataType::f16: {
+        const std::uint16_t h = kernels::float_to_half(v);
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::bf16: {
+        const std::uint16_t h = kernels::float_to_bf16(v);
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::i8:
+      case DataType::u8: *p = static_cast<unsigned char>(x >> 24); break;
+      case DataType::i32: {
+        const std::uint32_t u = x;
+        std::memcpy(p, &u, 4);
+        break;
+      }
+      case DataType::i64: {
+        const std::uint64_t u = (static_cast<std::uint64_t>(x) << 32) | (x ^ 0x9e3779b9u);
+        std::memcpy(p, &u, 8);
+        break;
+      }
+    }
+  }
+}
+
+struct Buffers {
+  std::vector<unsigned char> a, b, d;
+  Buffers(std::size_t bytes, DataType dt) : a(bytes), b(bytes), d(bytes) {
+    fill(a, dt, 1);
+    fill(b, dt, 2);
+  }
+};
+
+void bm_reduce(benchmark::State& st, const kernels::Variant* v, DataType dt, ReduceOp op, std::size_t bytes) {
+  Buffers buf(bytes, dt);
+  const std::size_t count = bytes / cclz::dtype_size(dt);
+  for (auto _ : st) {
+    v->reduce(buf.d.data(), buf.a.data(), buf.b.data(), count, dt, op);
+    benchmark::DoNotOptimize(buf.d.data());
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 3 * static_cast<std::int64_t>(bytes));
+}
+
+// In place (dst == a), the form ring algorithms use when reducing into their
+// own buffer: 2 reads + 1 write as well.
+void bm_reduce_inplace(benchmark::State& st, DataType dt, std::size_t bytes) {
+  Buffers buf(bytes, dt);
+  const std::size_t count = bytes / cclz::dtype_size(dt);
+  // max keeps values bounded however many iterations run.
+  for (auto _ : st) {
+    kernels::reduce(buf.a.data(), buf.a.data(), buf.b.data(), count, dt, ReduceOp::max);
+    benchmark::DoNotOptimize(buf.a.data());
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 3 * static_cast<std::int64_t>(bytes));
+}
+
+void bm_memcpy(benchmark::State& st, std::size_t bytes) {
+  std::vector<unsigned char> src(bytes, 1), dst(bytes);
+  for (auto _ : st) {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * static_cast<std::int64_t>(bytes));
+}
+
+// k inputs into one output: fused single pass vs the chain of reduce() calls
+// an algorithm would otherwise make.
+void bm_many(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes, bool fused) {
+  std::vector<std::vector<unsigned char>> in(k, std::vector<unsigned char>(bytes));
+  std::vector<const void*> ptrs;
+  for (std::size_t s = 0; s < k; ++s) {
+    fill(in[s], dt, static_cast<unsigned>(s + 1));
+    ptrs.push_back(in[s].data());
+  }
+  std::vector<unsigned char> d(bytes);
+  const std::size_t count = bytes / cclz::dtype_size(dt);
+  for (auto _ : st) {
+    if (fused) {
+      kernels::reduce_many(d.data(), ptrs, count, dt, ReduceOp::sum);
+    } else {
+      kernels::reduce(d.data(), ptrs[0], ptrs[1], count, dt, ReduceOp::sum);
+      for (std::size_t s = 2; s < k; ++s) kernels::reduce(d.data(), d.data(), ptrs[s], count, dt, ReduceOp::sum);
+    }
+    benchmark::DoNotOptimize(d.data());
+    benchmark::ClobberMemory();
+  }
+  const std::int64_t streams = fused ? static_cast<std::int64_t>(k + 1) : 3 * static_cast<std::int64_t>(k - 1);
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * streams * static_cast<std::int64_t>(bytes));
+}
+
+// bytes = size of the f32 side; the 16-bit side is half of it.
+void bm_convert(benchmark::State& st, const kernels::Variant* v, bool bf16, bool to_float, std::size_t bytes) {
+  const std::size_t n = bytes / 4;
+  std::vector<float> f(n);
+  std::vector<std::uint16_t> h(n);
+  for (std::size_t i = 0; i < n; ++i) f[i] = 1.0f + static_cast<float>(i % 1000) / 3.0f;
+  v->float_to_half(f.data(), h.data(), n);
+  for (auto _ : st) {
+    if (to_float) {
+      (bf16 ? v->bf16_to_float : v->half_to_float)(h.data(), f.data(), n);
+    } else {
+      (bf16 ? v->float_to_bf16 : v->float_to_half)(f.data(), h.data(), n);
+    }
+    benchmark::DoNotOptimize(f.data());
+    benchmark::DoNotOptimize(h.data());
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(n * 6));
+}
+
+void register_all() {
+  const kernels::Variant* best = &kernels::best_variant();
+  for (std::size_t bytes : kSizes) {
+    const std::string sz = size_name(bytes);
+    benchmark::RegisterBenchmark(("memcpy/" + sz).c_str(), bm_memcpy, bytes);
+    for (DataType dt : cclz::kAllDataTypes) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
+        const std::string name =
+            std::string("reduce/") + cclz::dtype_name(dt) + "/" + cclz::op_name(op) + "/" + sz;
+        benchmark::RegisterBenchmark(name.c_str(), bm_reduce, best, dt, op, bytes);
+      }
+    }
+  }
+  // Every ISA variant the CPU has, sum only, for the table of speed-ups.
+  for (kernels::Isa isa : kernels::kAllIsas) {
+    const kernels::Variant* v = kernels::variant(isa);
+    if (v == nullptr) continue;
+    for (std::size_t bytes : kSizes) {
+      for (DataType dt : {DataType::f32, DataType::f16, DataType::bf16, DataType::i32, DataType::i8}) {
+        const std::string name = std::string("isa/") + kernels::isa_name(isa) + "/reduce/" + cclz::dtype_name(dt) +
+                                 "/sum/" + size_name(bytes);
+        benchmark::RegisterBenchmark(name.c_str(), bm_reduce, v, dt, ReduceOp::sum, bytes);
+      }
+      for (bool bf16 : {false, true}) {
+        for (bool to_float : {true, false}) {
+          const std::string name = std::string("isa/") + kernels::isa_name(isa) + "/convert/" +
+                                   (to_float ? (bf16 ? "bf16_to_f32/" : "f16_to_f32/")
+                                             : (bf16 ? "f32_to_bf16/" : "f32_to_f16/")) +
+                                   size_name(bytes);
+          benchmark::RegisterBenchmark(name.c_str(), bm_convert, v, bf16, to_float, bytes);
+        }
+      }
+    }
+  }
+  for (std::size_t bytes : kSizes) {
+    for (DataType dt : {DataType::f32, DataType::bf16}) {
+      benchmark::RegisterBenchmark(
+          (std::string("reduce_inplace/") + cclz::dtype_name(dt) + "/max/" + size_name(bytes)).c_str(),
+          bm_reduce_inplace, dt, bytes);
+      for (bool fused : {true, false}) {
+        const std::string name = std::string(fused ? "reduce_many/" : "reduce_chain/") + cclz::dtype_name(dt) +
+                                 "/sum/k4/" + size_name(bytes);
+        benchmark::RegisterBenchmark(name.c_str(), bm_many, dt, std::size_t{4}, bytes, fused);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("kernels_isa", kernels::isa_name(kernels::best_variant().isa));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
