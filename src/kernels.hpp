@@ -58,11 +58,10 @@ void float_to_bf16(std::span<const float> src, std::span<std::uint16_t> dst) noe
 // Instruction-set variants. The functions above use the best one this CPU
 // has (chosen once); tests and benchmarks reach each one through variant().
 enum class Isa : int {
-  generic = 0,  // baseline x86-64 (SSE2) or whatever the target's default is
-  avx2 = 1,     // x86-64-v3: AVX2, F16C
-  avx512 = 2,   // x86-64-v4: AVX-512 F/BW/DQ/VL
+  generic = 0,  // baseline x86-64 (SSE2), or the target's default elsewhere
+  avx2 = 1,     // x86-64-v3: AVX2, F16C, FMA (not used: no contraction)
 };
-inline constexpr Isa kAllIsas[] = {Isa::generic, Isa::avx2, Isa::avx512};
+inline constexpr Isa kAllIsas[] = {Isa::generic, Isa::avx2};
 const char* isa_name(Isa isa) noexcept;
 
 struct Variant {
