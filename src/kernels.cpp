@@ -167,22 +167,21 @@ struct float_bits<double> {
 };
 
 // IEEE 754-2019 minimum/maximum: NaN propagates (a + b yields a quiet NaN),
-// -0 < +0 (for equal operands, OR of the bits picks -0, AND picks +0).
+// -0 < +0. `x < y ? x : y` is exactly x86 minps(x, y), so both operand
+// orders agree except where a == b (then they return different operands, and
+// OR of the bits picks -0 for min, AND picks +0 for max) or a NaN is involved
+// (then a + b). Fewer operations than testing a == b separately.
 template <class F>
 CCLZ_INLINE F fmin_nan(F a, F b) noexcept {
   using U = typename float_bits<F>::type;
-  const U ua = std::bit_cast<U>(a), ub = std::bit_cast<U>(b);
-  U r = b < a ? ub : ua;
-  r = a == b ? (ua | ub) : r;
+  const U r = std::bit_cast<U>(b < a ? b : a) | std::bit_cast<U>(a < b ? a : b);
   const U nan = std::bit_cast<U>(a + b);
   return std::bit_cast<F>((a != a || b != b) ? nan : r);
 }
 template <class F>
 CCLZ_INLINE F fmax_nan(F a, F b) noexcept {
   using U = typename float_bits<F>::type;
-  const U ua = std::bit_cast<U>(a), ub = std::bit_cast<U>(b);
-  U r = b > a ? ub : ua;
-  r = a == b ? (ua & ub) : r;
+  const U r = std::bit_cast<U>(b > a ? b : a) & std::bit_cast<U>(a > b ? a : b);
   const U nan = std::bit_cast<U>(a + b);
   return std::bit_cast<F>((a != a || b != b) ? nan : r);
 }
@@ -279,13 +278,12 @@ CCLZ_TARGET_V3 CCLZ_INLINE __m256 vop(__m256 a, __m256 b) noexcept {
   } else if constexpr (std::is_same_v<Op, op_prod>) {
     return _mm256_mul_ps(a, b);
   } else {
-    // Same rules as fmin_nan/fmax_nan: equal operands combine their bits
-    // (-0 wins for min, +0 for max), unordered operands give a + b (NaN).
+    // Same formulation as fmin_nan/fmax_nan.
     __m256 r;
     if constexpr (std::is_same_v<Op, op_min>) {
-      r = _mm256_blendv_ps(_mm256_min_ps(a, b), _mm256_or_ps(a, b), _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
+      r = _mm256_or_ps(_mm256_min_ps(b, a), _mm256_min_ps(a, b));
     } else {
-      r = _mm256_blendv_ps(_mm256_max_ps(a, b), _mm256_and_ps(a, b), _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
+      r = _mm256_and_ps(_mm256_max_ps(b, a), _mm256_max_ps(a, b));
     }
     return _mm256_blendv_ps(r, _mm256_add_ps(a, b), _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
   }
