@@ -277,31 +277,64 @@ Request Engine::submit(std::unique_ptr<Task> t) {
     if (log::enabled(cfg_.log_level, LogLevel::trace)) {
       log::write(LogLevel::trace, rank_, "queued " + t->describe());
     }
+    t->submitted = Clock::now();
     queue_.push_back(std::move(t));
-    // A running runner picks the task up; a sleeping worker must be woken
-    // (the caller may never wait, and the work must still progress).
+    // A running runner picks the task up and a polling worker finds it; a
+    // worker asleep until kicked must be woken (the caller may never wait,
+    // and the work must still progress).
     wake = worker_sleeping_ && !runner_active_;
   }
   if (wake) worker_cv_.notify_one();
   return Request(std::move(req));
 }
 
+// The worker exists for calls nobody waits on (overlap with computation).
+// Blocking calls are cheaper run by their waiter, so a queued call first gets
+// a grace period for that; waking this thread on every call would cost a
+// futex wake and a context switch per call, which on a host with more ranks
+// than cores lands on another rank's critical path. So after the communicator
+// was used the worker polls with timed sleeps (never a spin) whose interval
+// doubles from kGrace to kMaxPoll, then sleeps until submit() kicks it: a
+// handful of wake-ups per busy period instead of one per call. (Measured
+// with tests/comm/cclz-comm-bench, 8 ranks on 2 cores, 4 KB all-reduce:
+// polling every 100 us made blocking calls ~1.8x slower than the bare
+// algorithm; with the back-off they are no slower.) An unwaited call starts
+// between kGrace and about kMaxPoll after it was issued, at once if its
+// request is polled with test(); a waited one runs on its waiter.
 void Engine::worker_main() {
+  constexpr auto kGrace = std::chrono::microseconds(100);
+  constexpr auto kMaxPoll = std::chrono::microseconds(1600);
   std::unique_lock lk(mu_);
+  auto poll = kGrace;
   for (;;) {
+    if (stop_ && !has_work_locked() && !runner_active_) return;
     if (!runner_active_ && !closed_ && has_work_locked()) {
-      runner_active_ = true;
-      runner_thread_ = std::this_thread::get_id();
-      lk.unlock();
-      run(nullptr);
-      release_runner();
-      lk.lock();
+      // In-flight sends/receives and draining (destroy) do not wait.
+      const bool due =
+          stop_ || expedite_ || flights_n_ > 0 || Clock::now() - queue_.front()->submitted >= kGrace;
+      if (due) {
+        expedite_ = false;
+        runner_active_ = true;
+        runner_thread_ = std::this_thread::get_id();
+        lk.unlock();
+        run(nullptr);
+        release_runner();
+        lk.lock();
+        poll = kGrace;
+        continue;
+      }
+      worker_cv_.wait_until(lk, queue_.front()->submitted + kGrace);
       continue;
     }
-    if (stop_ && !has_work_locked() && !runner_active_) return;
-    worker_sleeping_ = true;
-    worker_cv_.wait(lk);
-    worker_sleeping_ = false;
+    if (poll > kMaxPoll) {
+      worker_sleeping_ = true;
+      worker_cv_.wait(lk);
+      worker_sleeping_ = false;
+      poll = kGrace;
+      continue;
+    }
+    worker_cv_.wait_for(lk, poll);
+    poll *= 2;
   }
 }
 
@@ -313,11 +346,25 @@ void Engine::release_runner() {
     runner_thread_ = {};
     // An inline runner stops once its own request is done; whatever is left
     // goes back to the worker.
-    wake_worker = worker_sleeping_ && (has_work_locked() || stop_);
+    wake_worker = has_work_locked() || stop_;
     wake_idle = idle_waiters_ > 0;
   }
   if (wake_worker) worker_cv_.notify_one();
   if (wake_idle) idle_cv_.notify_all();
+}
+
+void Engine::expedite() {
+  bool wake = false;
+  {
+    std::lock_guard lk(mu_);
+    // Someone polls test() instead of waiting: nobody will run the queue
+    // inline, so the worker need not give the caller its grace period.
+    if (!runner_active_ && !queue_.empty() && !expedite_) {
+      expedite_ = true;
+      wake = true;
+    }
+  }
+  if (wake) worker_cv_.notify_one();
 }
 
 Status Engine::wait(RequestState& r) {

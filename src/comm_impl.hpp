@@ -11,8 +11,10 @@
 // cannot deadlock on each other. Every transport wait is bounded by
 // CCLZ_TIMEOUT; a timeout or remote error poisons the communicator.
 //
-// Cost per call: two small allocations (request, task), no thread hand-off
-// when the caller waits at once, one futex wake when the worker sleeps.
+// Cost per call: two small allocations (request, task) and a few
+// uncontended lock round trips; no thread hand-off and no wake-up when the
+// caller waits at once (see Engine::worker_main for how the worker stays
+// out of the way).
 #pragma once
 
 #include <atomic>
@@ -70,6 +72,7 @@ struct Task {
   std::string detail;                 // custom: what goes in the parentheses
   std::function<Status(coll::Group&)> body;  // custom
   std::shared_ptr<RequestState> req;
+  Clock::time_point submitted;  // when queued
   Op op;                       // send/recv once posted
   Clock::time_point deadline;  // send/recv once posted
 
@@ -104,6 +107,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // Request::wait(): runs queued work on this thread when no one else does.
   Status wait(RequestState& r);
+  // Request::test() on an unfinished request: start queued work now.
+  void expedite();
 
   // "rank R: " + t.describe() + ": " + cause
   std::string message(const Task& t, const std::string& cause) const;
@@ -150,7 +155,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool closed_ = false;
   bool destroyed_ = false;
   bool runner_active_ = false;
-  bool worker_sleeping_ = false;
+  bool worker_sleeping_ = false;  // until kicked (not polling)
+  bool expedite_ = false;         // test() asked for the queue to start now
   int idle_waiters_ = 0;
   std::thread::id runner_thread_;
   std::thread worker_;

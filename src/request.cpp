@@ -3,6 +3,8 @@
 // sleeps on it). A waiter first offers to run the engine's queue itself (see
 // Engine::wait), which is what makes blocking calls cheap.
 // Cost: test() is one atomic load; wait() on a finished request likewise.
+#include <thread>
+
 #include "comm_impl.hpp"
 
 namespace cclz {
@@ -37,7 +39,13 @@ bool Request::test(Status* st) {
     if (st != nullptr) *st = Status{};
     return true;
   }
-  if (!s_->done.load(std::memory_order_acquire)) return false;
+  if (!s_->done.load(std::memory_order_acquire)) {
+    if (auto e = s_->engine.lock()) e->expedite();
+    // A loop polling test() must not starve the thread that does the work
+    // when ranks outnumber cores.
+    std::this_thread::yield();
+    return false;
+  }
   if (st != nullptr) *st = s_->status;
   return true;
 }
