@@ -35,14 +35,14 @@ std::string size_name(std::size_t bytes) {
 
 // Finite, normal, non-growing values (denormal f32 arithmetic would measure
 // microcode assists, not the kernel): 1 + small fraction, in the buffer's type.
-void fill(std::vector<unsigned char>& buf, DataType dt, unsigned seed) {
+void fill(unsigned char* buf, std::size_t bytes, DataType dt, unsigned seed) {
   const std::size_t es = cclz::dtype_size(dt);
-  const std::size_t n = buf.size() / es;
+  const std::size_t n = bytes / es;
   std::uint32_t x = seed * 2654435761u + 1;
   for (std::size_t i = 0; i < n; ++i) {
     x = x * 1664525u + 1013904223u;
     const float v = 1.0f + static_cast<float>(x >> 24) / 1024.0f;
-    unsigned char* p = buf.data() + i * es;
+    unsigned char* p = buf + i * es;
     switch (dt) {
       case DataType::f32: std::memcpy(p, &v, 4); break;
       case DataType::f64: {
@@ -76,11 +76,33 @@ void fill(std::vector<unsigned char>& buf, DataType dt, unsigned seed) {
   }
 }
 
+// Streams live in one page-aligned arena, each at a different offset modulo
+// 4 KiB (multiples of 64 + 320 j bytes). Separate vectors would sit at
+// whatever offsets malloc picks, and when a load address and an earlier
+// store address agree in their low 12 bits the core stalls ("4K aliasing"):
+// memcpy of 4 KiB measured 2-3x slower from that alone.
+class Arena {
+ public:
+  Arena(std::size_t streams, std::size_t bytes)
+      : stride_(round_up(bytes + 4096)), mem_(streams * stride_ + 4096) {
+    base_ = mem_.data() + (4096 - reinterpret_cast<std::uintptr_t>(mem_.data()) % 4096) % 4096;
+  }
+  unsigned char* stream(std::size_t j) { return base_ + j * stride_ + (j * 320) % 4096; }
+
+ private:
+  static std::size_t round_up(std::size_t x) { return (x + 4095) / 4096 * 4096; }
+  std::size_t stride_;
+  std::vector<unsigned char> mem_;
+  unsigned char* base_;
+};
+
 struct Buffers {
-  std::vector<unsigned char> a, b, d;
-  Buffers(std::size_t bytes, DataType dt) : a(bytes), b(bytes), d(bytes) {
-    fill(a, dt, 1);
-    fill(b, dt, 2);
+  Arena arena;
+  unsigned char *a, *b, *d;
+  Buffers(std::size_t bytes, DataType dt)
+      : arena(3, bytes), a(arena.stream(0)), b(arena.stream(1)), d(arena.stream(2)) {
+    fill(a, bytes, dt, 1);
+    fill(b, bytes, dt, 2);
   }
 };
 
@@ -88,8 +110,8 @@ void bm_reduce(benchmark::State& st, const kernels::Variant* v, DataType dt, Red
   Buffers buf(bytes, dt);
   const std::size_t count = bytes / cclz::dtype_size(dt);
   for (auto _ : st) {
-    v->reduce(buf.d.data(), buf.a.data(), buf.b.data(), count, dt, op);
-    benchmark::DoNotOptimize(buf.d.data());
+    v->reduce(buf.d, buf.a, buf.b, count, dt, op);
+    benchmark::DoNotOptimize(buf.d);
     benchmark::ClobberMemory();
   }
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 3 * static_cast<std::int64_t>(bytes));
@@ -102,18 +124,22 @@ void bm_reduce_inplace(benchmark::State& st, DataType dt, std::size_t bytes) {
   const std::size_t count = bytes / cclz::dtype_size(dt);
   // max keeps values bounded however many iterations run.
   for (auto _ : st) {
-    kernels::reduce(buf.a.data(), buf.a.data(), buf.b.data(), count, dt, ReduceOp::max);
-    benchmark::DoNotOptimize(buf.a.data());
+    kernels::reduce(buf.a, buf.a, buf.b, count, dt, ReduceOp::max);
+    benchmark::DoNotOptimize(buf.a);
     benchmark::ClobberMemory();
   }
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 3 * static_cast<std::int64_t>(bytes));
 }
 
 void bm_memcpy(benchmark::State& st, std::size_t bytes) {
-  std::vector<unsigned char> src(bytes, 1), dst(bytes);
+  Arena arena(2, bytes);
+  unsigned char* src = arena.stream(0);
+  unsigned char* dst = arena.stream(1);
+  std::memset(src, 1, bytes);
+  std::memset(dst, 0, bytes);
   for (auto _ : st) {
-    std::memcpy(dst.data(), src.data(), bytes);
-    benchmark::DoNotOptimize(dst.data());
+    std::memcpy(dst, src, bytes);
+    benchmark::DoNotOptimize(dst);
     benchmark::ClobberMemory();
   }
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * static_cast<std::int64_t>(bytes));
@@ -122,22 +148,23 @@ void bm_memcpy(benchmark::State& st, std::size_t bytes) {
 // k inputs into one output: fused single pass vs the chain of reduce() calls
 // an algorithm would otherwise make.
 void bm_many(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes, bool fused) {
-  std::vector<std::vector<unsigned char>> in(k, std::vector<unsigned char>(bytes));
+  Arena arena(k + 1, bytes);
   std::vector<const void*> ptrs;
   for (std::size_t s = 0; s < k; ++s) {
-    fill(in[s], dt, static_cast<unsigned>(s + 1));
-    ptrs.push_back(in[s].data());
+    fill(arena.stream(s), bytes, dt, static_cast<unsigned>(s + 1));
+    ptrs.push_back(arena.stream(s));
   }
-  std::vector<unsigned char> d(bytes);
+  unsigned char* d = arena.stream(k);
+  std::memset(d, 0, bytes);
   const std::size_t count = bytes / cclz::dtype_size(dt);
   for (auto _ : st) {
     if (fused) {
-      kernels::reduce_many(d.data(), ptrs, count, dt, ReduceOp::sum);
+      kernels::reduce_many(d, ptrs, count, dt, ReduceOp::sum);
     } else {
-      kernels::reduce(d.data(), ptrs[0], ptrs[1], count, dt, ReduceOp::sum);
-      for (std::size_t s = 2; s < k; ++s) kernels::reduce(d.data(), d.data(), ptrs[s], count, dt, ReduceOp::sum);
+      kernels::reduce(d, ptrs[0], ptrs[1], count, dt, ReduceOp::sum);
+      for (std::size_t s = 2; s < k; ++s) kernels::reduce(d, d, ptrs[s], count, dt, ReduceOp::sum);
     }
-    benchmark::DoNotOptimize(d.data());
+    benchmark::DoNotOptimize(d);
     benchmark::ClobberMemory();
   }
   const std::int64_t streams = fused ? static_cast<std::int64_t>(k + 1) : 3 * static_cast<std::int64_t>(k - 1);
