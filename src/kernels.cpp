@@ -5,18 +5,20 @@
 // Cost: one pass over memory, 2 reads + 1 write of count * dtype_size bytes
 // (reduce_many: n reads + 1 write), memory-bandwidth bound beyond the caches.
 //
-// How it is fast: every loop is written as plain element code with __restrict
-// pointers (one instantiation per aliasing case: dst distinct, dst == a,
-// dst == b, all equal), so GCC's vectoriser emits SIMD for it. The same code
-// is compiled twice -- baseline x86-64 (SSE2) and x86-64-v3 (AVX2, F16C) --
+// How it is fast: every loop is plain element code that GCC's vectoriser
+// turns into SIMD; the pairwise loop carries `#pragma GCC ivdep` (exact
+// aliasing means no dependence between iterations), so dst == a runs the
+// vector loop too, without an overlap check. The same code is compiled
+// twice -- baseline x86-64 (SSE2) and x86-64-v3 (AVX2, F16C) --
 // through target attributes, and the variant the CPU supports is picked once
 // at run time, so the build needs no -march flag. f16 uses F16C intrinsics
-// on x86-64-v3 and an exact branch-free software conversion (which GCC also
-// vectorises) on the baseline; bf16 is integer shifts with round to nearest
-// even, with AVX2 intrinsics that avoid cross-lane shuffles. An x86-64-v4
-// (AVX-512) build of the same code measured no faster than AVX2 at 4 KiB,
-// 256 KiB or 64 MiB and risks AVX-512 down-clocking on older Xeons, so there
-// is none. Element pointers use aligned(1) types: any byte offset is valid.
+// on x86-64-v3 and an exact branch-free software conversion on the baseline
+// (vectorised too, but only ~3 GB/s under SSE2); bf16 is integer shifts with
+// round to nearest even, with AVX2 intrinsics that avoid cross-lane
+// shuffles. An x86-64-v4 (AVX-512) build of the same code measured no
+// faster than AVX2 at 4 KiB, 256 KiB or 64 MiB and risks AVX-512
+// down-clocking on older Xeons, so there is none. Element pointers use
+// aligned(1) types: any byte offset is valid.
 #include "kernels.hpp"
 
 #include <algorithm>
@@ -24,7 +26,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #define CCLZ_KERNELS_X86 1
 #define CCLZ_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
@@ -268,7 +270,7 @@ CCLZ_INLINE void narrow_soft_u(u16_u* __restrict out, const f32_u* __restrict in
 }
 
 // ---------------------------------------------------------------------------
-// F16C paths (x86-64-v3 and v4 variants): 8 halves per instruction.
+// F16C paths (x86-64-v3 variant): 8 halves per instruction.
 #ifdef CCLZ_KERNELS_X86
 
 template <class Op>
