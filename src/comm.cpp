@@ -452,14 +452,13 @@ void Engine::execute(std::unique_ptr<Task> t) {
   switch (t->type) {
     case Task::Type::collective:
     case Task::Type::custom: {
-      bool poison_comm = true;
-      Status st = run_collective(*t, &poison_comm);
+      Status st = run_collective(*t);
       if (st.ok()) {
         t->req->complete({});
       } else {
         std::string cause = st.message();
         if (st.code() == Result::timeout) cause += " (CCLZ_TIMEOUT=" + fmt_seconds(cfg_.timeout_s) + " s)";
-        fail_task(*t, {st.code(), message(*t, cause)}, poison_comm);
+        fail_task(*t, {st.code(), message(*t, cause)}, /*poison_comm=*/true);
       }
       return;
     }
@@ -484,20 +483,17 @@ void Engine::execute(std::unique_ptr<Task> t) {
   }
 }
 
-Status Engine::run_collective(Task& t, bool* poison_comm) {
+Status Engine::run_collective(Task& t) {
   const Clock::time_point deadline = cfg_.deadline_from_now();
   // Tags of a collective use seq 2s; its CCLZ_CHECK exchange and a split's
   // sub-connection use 2s+1, so neither can match the other's messages.
   coll::Group g(*transport_, members_, node_of_, rank_, 2 * t.seq, deadline, scratch_);
   if (t.type == Task::Type::custom) return t.body(g);
   if (cfg_.check) {
-    Status st = check_args(t, deadline);
-    if (!st.ok()) {
-      // A detected mismatch happens before any data moves and every rank
-      // sees it: the communicator stays usable.
-      *poison_comm = st.code() != Result::invalid_usage;
-      return st;
-    }
+    // A mismatch is found by every rank before any data moves, but it means
+    // the ranks' programs are out of step: the communicator is poisoned so
+    // that the first cause is what every later call reports.
+    if (Status st = check_args(t, deadline); !st.ok()) return st;
   }
   if (Status st = t.algo->run(g, t.args); !st.ok()) return st;
   if (t.user_op == ReduceOp::avg) {
@@ -533,7 +529,23 @@ Status Engine::check_args(Task& t, Clock::time_point deadline) {
     }
   }
   if (groups.size() == 1) return {};
-  std::string cause = "CCLZ_CHECK: arguments differ between ranks: ";
+  // Name the fields that differ first, then every rank's call.
+  std::string fields;
+  auto differs = [&](auto field, const char* name) {
+    for (const auto& g2 : groups) {
+      if (field(g2.first) != field(groups[0].first)) {
+        fields += (fields.empty() ? "" : ", ") + std::string(name);
+        return;
+      }
+    }
+  };
+  differs([](const CheckRecord& x) { return x.kind; }, "collective");
+  differs([](const CheckRecord& x) { return x.count; }, "count");
+  differs([](const CheckRecord& x) { return x.dt; }, "data type");
+  differs([](const CheckRecord& x) { return x.op; }, "op");
+  differs([](const CheckRecord& x) { return x.root; }, "root");
+  std::string cause = "CCLZ_CHECK: " + fields + " differ" + (fields.find(',') == std::string::npos ? "s" : "") +
+                      " between ranks: ";
   for (std::size_t i = 0; i < groups.size(); ++i) {
     cause += (i ? "; " : "") + rank_list(groups[i].second) + ": " + groups[i].first.describe();
   }

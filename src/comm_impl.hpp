@@ -126,7 +126,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // null) until nothing is queued or in flight.
   void run(RequestState* target);
   void execute(std::unique_ptr<Task> t);
-  Status run_collective(Task& t, bool* poison);
+  Status run_collective(Task& t);
   Status check_args(Task& t, Clock::time_point deadline);
   void wait_flights(RequestState* target);
   void reap_flights(const Status& wait_status);

@@ -209,34 +209,50 @@ TEST(CommCheck, MismatchedCountsFailOnEveryRankNamingRanksAndCounts) {
   cfg.check = true;
   run_comms(3, cfg, [](Comm& c, int r) {
     std::vector<float> a(16, 1.f), b(16);
-    const std::size_t count = r == 1 ? 8 : 16;
-    Status st = c.all_reduce(a.data(), b.data(), count, DataType::f32, ReduceOp::sum).wait();
-    EXPECT_EQ(st.code(), Result::invalid_usage);
-    EXPECT_MSG(st, "rank " + std::to_string(r) + ": all_reduce #1 (");
-    EXPECT_MSG(st, "ranks 0, 2: all_reduce 16 x f32 sum");
-    EXPECT_MSG(st, "rank 1: all_reduce 8 x f32 sum");
-    // Nothing moved, every rank saw it: the communicator stays usable.
-    EXPECT_TRUE(c.async_error().ok());
-    st = c.all_reduce(a.data(), b.data(), 16, DataType::f32, ReduceOp::sum).wait();
+    // Matching calls pass the check.
+    Status st = c.all_reduce(a.data(), b.data(), 16, DataType::f32, ReduceOp::sum).wait();
     ASSERT_TRUE(st.ok()) << st.to_string();
     EXPECT_EQ(b[5], 3.f);
+    const std::size_t count = r == 1 ? 8 : 16;
+    const auto t0 = Clock::now();
+    st = c.all_reduce(a.data(), b.data(), count, DataType::f32, ReduceOp::sum).wait();
+    EXPECT_LT(seconds_since(t0), 5.0) << "found by the exchange, not by a timeout";
+    EXPECT_EQ(st.code(), Result::invalid_usage);
+    EXPECT_MSG(st, "rank " + std::to_string(r) + ": all_reduce #2 (");
+    EXPECT_MSG(st, "CCLZ_CHECK: count differs between ranks: ranks 0, 2: all_reduce 16 x f32 sum; rank 1: "
+                   "all_reduce 8 x f32 sum");
+    // The ranks are out of step: the communicator keeps reporting the cause.
+    EXPECT_EQ(c.async_error().code(), Result::invalid_usage);
+    st = c.all_reduce(a.data(), b.data(), 16, DataType::f32, ReduceOp::sum).wait();
+    EXPECT_EQ(st.code(), Result::invalid_usage);
+    EXPECT_MSG(st, "communicator failed earlier");
   });
 }
 
-TEST(CommCheck, DifferentCollectivesAndRootsAreCaught) {
+TEST(CommCheck, DifferentCollectivesDtypesOpsAndRootsAreCaught) {
   Config cfg = test_config();
   cfg.check = true;
   run_comms(2, cfg, [](Comm& c, int r) {
     float a[4] = {1, 2, 3, 4}, b[4];
-    Status st = r == 0 ? c.all_reduce(a, b, 4, DataType::f32, ReduceOp::sum).wait()
-                       : c.broadcast(a, b, 4, DataType::f32, 0).wait();
+    // Each mismatch poisons its communicator, so each gets its own split.
+    auto fresh = [&] {
+      std::unique_ptr<Comm> s;
+      EXPECT_TRUE(c.split(0, r, &s).ok());
+      return s;
+    };
+    auto s1 = fresh(), s2 = fresh(), s3 = fresh(), s4 = fresh();
+    Status st = r == 0 ? s1->all_reduce(a, b, 4, DataType::f32, ReduceOp::sum).wait()
+                       : s1->broadcast(a, b, 4, DataType::f32, 0).wait();
     EXPECT_EQ(st.code(), Result::invalid_usage);
-    EXPECT_MSG(st, "rank 0: all_reduce 4 x f32 sum");
-    EXPECT_MSG(st, "rank 1: broadcast 4 x f32 root 0");
-    st = c.reduce(a, b, 4, DataType::f32, ReduceOp::max, r).wait();  // roots differ
-    EXPECT_EQ(st.code(), Result::invalid_usage);
-    EXPECT_MSG(st, "root 0");
-    EXPECT_MSG(st, "root 1");
+    EXPECT_MSG(st, "CCLZ_CHECK: collective differs between ranks: rank 0: all_reduce 4 x f32 sum; rank 1: "
+                   "broadcast 4 x f32 root 0");
+    st = s2->reduce(a, b, 4, DataType::f32, ReduceOp::max, r).wait();
+    EXPECT_MSG(st, "root differs");
+    st = s3->all_reduce(a, b, 4, r == 0 ? DataType::f32 : DataType::i32, ReduceOp::sum).wait();
+    EXPECT_MSG(st, "data type differs");
+    st = s4->all_reduce(a, b, 4, DataType::f32, r == 0 ? ReduceOp::sum : ReduceOp::avg).wait();
+    EXPECT_MSG(st, "op differs");
+    EXPECT_TRUE(c.async_error().ok()) << "the parent is untouched";
   });
 }
 
