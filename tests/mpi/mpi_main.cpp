@@ -23,11 +23,16 @@ class RankListener : public ::testing::EmptyTestEventListener {
  public:
   explicit RankListener(bool rank_zero) : rank_zero_(rank_zero) {}
 
+  // The test's name is kept from OnTestStart: asking gtest for the current
+  // test inside OnTestPartResult takes a lock gtest already holds there.
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    current_ = std::string(t.test_suite_name()) + "." + t.name();
+  }
+
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[%s] FAILURE in %s.%s at %s:%d\n%s\n", rank_tag().c_str(), t ? t->test_suite_name() : "?",
-                 t ? t->name() : "?", r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    std::fprintf(stderr, "[%s] FAILURE in %s at %s:%d\n%s\n", rank_tag().c_str(), current_.c_str(),
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
     std::fflush(stderr);
   }
 
@@ -51,6 +56,7 @@ class RankListener : public ::testing::EmptyTestEventListener {
  private:
   bool rank_zero_;
   bool any_failed_ = false;
+  std::string current_;
 };
 
 }  // namespace

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The main job: installs what is missing, builds cclz (release) and prints
+# cclz-perf's all-reduce table (nccl-tests' columns, with the MPI baseline
+# measured in the same run) on 4 local ranks. Idempotent: a second run
+# rebuilds nothing and just measures again.
+#
+# Environment: CCLZ_BUILD_DIR (default build), CCLZ_JOBS (compile jobs,
+# default: number of cores), CCLZ_RANKS (default 4). Extra arguments go to
+# cclz-perf (e.g. -b 8 -e 256M -f 2, -A all for every algorithm).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=${CCLZ_BUILD_DIR:-build}
+jobs=${CCLZ_JOBS:-$(nproc)}
+ranks=${CCLZ_RANKS:-4}
+
+bash scripts/install-deps.sh
+if [[ ! -f $build/build.ninja ]]; then
+  meson setup "$build"
+fi
+ninja -C "$build" -j "$jobs"
+
+# The MPICH launcher by name (plain mpiexec may be Open MPI's where both are
+# installed); all ranks on this machine.
+launcher=$(command -v mpiexec.mpich || command -v mpiexec.hydra || command -v mpiexec)
+exec "$launcher" -n "$ranks" "$build/bench/cclz-perf" "$@" </dev/null

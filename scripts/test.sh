@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine or an existing
+# checkout (idempotent: installs only missing packages, configures a build
+# directory only once, rebuilds only what changed):
+#   1. installs the Debian packages (scripts/install-deps.sh),
+#   2. builds and runs `meson test` in build/: unit, transport, comm and the
+#      multi-rank mpi suites (mpiexec -n 1..8, declared nodes, CCLZ_CHECK,
+#      fault scenarios),
+#   3. builds the multi-rank tests again with AddressSanitizer and
+#      UndefinedBehaviorSanitizer in build-asan/ and runs the 'mpi-core'
+#      suite there (N = 1..4, the declared-node runs, CCLZ_CHECK, faults).
+# Exits non-zero if anything failed; prints the time of each step.
+#
+# Environment: CCLZ_BUILD_DIR (default build), CCLZ_ASAN_BUILD_DIR (default
+# build-asan), CCLZ_JOBS (parallel compile jobs, default: number of cores),
+# CCLZ_SKIP_ASAN=1 to leave out step 3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=${CCLZ_BUILD_DIR:-build}
+asan=${CCLZ_ASAN_BUILD_DIR:-build-asan}
+jobs=${CCLZ_JOBS:-$(nproc)}
+timings=()
+step() { timings+=("$(printf '%-28s %4ds  %s' "$1" "$2" "$3")"); }
+
+t=$SECONDS
+bash scripts/install-deps.sh
+step "install packages" $((SECONDS - t)) ok
+
+# ---- 2. the normal build and every suite ------------------------------------
+t=$SECONDS
+if [[ ! -f $build/build.ninja ]]; then
+  meson setup "$build"
+fi
+ninja -C "$build" -j "$jobs"
+step "build ($build)" $((SECONDS - t)) ok
+
+t=$SECONDS
+main_rc=0
+meson test -C "$build" --no-rebuild --print-errorlogs || main_rc=$?
+step "meson test ($build)" $((SECONDS - t)) "$([[ $main_rc -eq 0 ]] && echo ok || echo FAILED)"
+
+# ---- 3. sanitizer build, multi-rank suite -----------------------------------
+# ASan/UBSan in a build of its own (b_lundef=false: the sanitizer runtimes
+# resolve symbols at load time). Only the multi-rank binaries are built: the
+# point is cclz's code under real processes, UCX and MPICH. The options:
+#   halt_on_error=1   any ASan/UBSan report ends the process, so the test fails
+#   detect_leaks=1    with tests/mpi/lsan.supp, which suppresses leaks by
+#                     library name for UCX, MPICH and hwloc only (they keep
+#                     process-lifetime caches); never for cclz code.
+#   UCX memory hooks  off: UCX patches mmap/munmap/brk and malloc to track
+#                     registered memory (needed for RDMA registration caches,
+#                     not for shared memory or TCP); ASan intercepts the same
+#                     functions and the two fight over them.
+# The meson test definitions set the same ASAN/LSAN/UBSAN options, so
+# running `meson test -C build-asan --suite mpi-core` by hand behaves alike.
+asan_rc=0
+if [[ ${CCLZ_SKIP_ASAN:-0} != 1 ]]; then
+  t=$SECONDS
+  if [[ ! -f $asan/build.ninja ]]; then
+    meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized \
+      -Dbenchmarks=disabled
+  fi
+  ninja -C "$asan" -j "$jobs" tests/mpi/cclz-mpi-tests tests/mpi/cclz-fault
+  step "build ($asan)" $((SECONDS - t)) ok
+
+  t=$SECONDS
+  UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none \
+    meson test -C "$asan" --no-rebuild --print-errorlogs --suite mpi-core --timeout-multiplier 3 || asan_rc=$?
+  step "meson test mpi-core ($asan)" $((SECONDS - t)) "$([[ $asan_rc -eq 0 ]] && echo ok || echo FAILED)"
+fi
+
+echo
+echo "==== scripts/test.sh summary ===="
+printf '%s\n' "${timings[@]}"
+echo "total $SECONDS s"
+if [[ $main_rc -ne 0 || $asan_rc -ne 0 ]]; then
+  echo "FAILED (see the test logs above and $build/meson-logs/testlog.txt, $asan/meson-logs/testlog.txt)"
+  exit 1
+fi
+echo "all passed"
