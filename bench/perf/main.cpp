@@ -1,1 +1,491 @@
-int main() { return 0; }
+// cclz-perf: nccl-tests-style bandwidth benchmark for cclz collectives,
+// launched with mpiexec. For each size it times cclz out-of-place and
+// in-place, checks the results against coll_desc's exact expectation, times
+// the matching MPI call in the same run, and for all_reduce on one host
+// relates busbw to the memory-copy roofline (docs/performance.md).
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algo_query.hpp"
+#include "cclz/cclz.hpp"
+#include "cclz/mpi.hpp"
+#include "coll_desc.hpp"
+#include "mpi_baseline.hpp"
+#include "membw.hpp"
+#include "options.hpp"
+#include "report.hpp"
+
+#ifndef CCLZ_VERSION_STRING
+#define CCLZ_VERSION_STRING "unknown"
+#endif
+
+namespace cclz::perf {
+namespace {
+
+using testing::CollCase;
+using testing::CollKind;
+
+constexpr double kGB = 1e9;
+
+// 64-byte aligned, zero-length-safe byte buffer.
+struct Buffer {
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<std::byte[], Free> mem;
+  std::size_t bytes = 0;
+
+  void reserve(std::size_t want) {
+    if (want <= bytes && mem) return;
+    want = std::max<std::size_t>(want, 64);
+    mem.reset(new (std::align_val_t{64}) std::byte[want]);
+    std::memset(mem.get(), 0, want);  // fault the pages in outside any timing
+    bytes = want;
+  }
+  std::byte* at(std::size_t elems, DataType dt) const { return mem.get() + elems * dtype_size(dt); }
+};
+
+// Waits on an MPI request without spinning: MPICH's blocking waits poll a
+// core, which would steal it from rank 0's copy-bandwidth measurement.
+void idle_wait(MPI_Request* req) {
+  int done = 0;
+  while (true) {
+    MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// The collective's buffers, shared by every size of a sweep.
+struct Buffers {
+  Buffer send, recv, inplace;
+};
+
+class Bench {
+ public:
+  Bench(const Options& o, Comm& comm, MpiBaseline* mpi, const RunInfo& info, Buffers& buf)
+      : o_(o), comm_(comm), mpi_(mpi), info_(info), query_(comm), buf_(buf) {
+    rank_ = comm.rank();
+    n_ = comm.size();
+  }
+
+  // Runs one table: every dtype, op and size for `algorithm` ("" = tuner).
+  // Returns false when a collective failed (the communicator is then
+  // unusable and the run stops).
+  bool run_table(const std::string& algorithm, bool footer, std::vector<Row>* rows);
+
+ private:
+  Row measure(const std::string& algorithm, DataType dt, ReduceOp op, std::size_t bytes, bool has_op);
+  Status call(const CollCase& c, const testing::VLayout& v, const void* s, void* r, const CallOptions& opt);
+  // Times `iters` calls of `fn` after `warmup` untimed ones; per-iteration
+  // seconds, max over ranks. Sets *failed (on every rank) if any rank failed.
+  template <class Fn>
+  double time_loop(Fn&& fn, bool* failed);
+  long long sum_over_ranks(long long v) const;
+  bool any_rank(bool v) const;
+
+  const Options& o_;
+  Comm& comm_;
+  MpiBaseline* mpi_;
+  const RunInfo& info_;
+  AlgoQuery query_;
+  Buffers& buf_;
+  int rank_ = 0, n_ = 1;
+  std::string error_;   // this rank's first failure
+  bool failed_ = false; // a call failed on some rank (every rank agrees)
+};
+
+long long Bench::sum_over_ranks(long long v) const {
+  long long out = 0;
+  MPI_Allreduce(&v, &out, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  return out;
+}
+
+bool Bench::any_rank(bool v) const {
+  int in = v ? 1 : 0, out = 0;
+  MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return out != 0;
+}
+
+Status Bench::call(const CollCase& c, const testing::VLayout& v, const void* s, void* r, const CallOptions& opt) {
+  switch (c.kind) {
+    case CollKind::all_reduce: return comm_.all_reduce(s, r, c.count, c.dt, c.op, opt).wait();
+    case CollKind::reduce_scatter: return comm_.reduce_scatter(s, r, c.count, c.dt, c.op, opt).wait();
+    case CollKind::all_gather: return comm_.all_gather(s, r, c.count, c.dt, opt).wait();
+    case CollKind::all_to_all: return comm_.all_to_all(s, r, c.count, c.dt, opt).wait();
+    case CollKind::all_to_allv:
+      return comm_.all_to_allv(s, v.send_counts, v.send_displs, r, v.recv_counts, v.recv_displs, c.dt, opt).wait();
+    case CollKind::broadcast: return comm_.broadcast(s, r, c.count, c.dt, c.root, opt).wait();
+    case CollKind::reduce: return comm_.reduce(s, r, c.count, c.dt, c.op, c.root, opt).wait();
+    case CollKind::barrier: return comm_.barrier(opt).wait();
+  }
+  return {Result::invalid_argument, "cclz-perf: unknown collective"};
+}
+
+template <class Fn>
+double Bench::time_loop(Fn&& fn, bool* failed) {
+  using clock = std::chrono::steady_clock;
+  bool bad = false;
+  for (int i = 0; i < o_.warmup && !bad; ++i) bad = !fn();
+  // Everyone starts together; the barrier is outside the timed region.
+  if (any_rank(bad)) {
+    *failed = true;
+    return 0;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = clock::now();
+  for (int i = 0; i < o_.iters && !bad; ++i) bad = !fn();
+  const double local = std::chrono::duration<double>(clock::now() - t0).count() / o_.iters;
+  double worst = 0;
+  MPI_Allreduce(&local, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  *failed = any_rank(bad);
+  return worst;
+}
+
+Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::size_t bytes, bool has_op) {
+  const testing::CollInfo& ci = testing::coll_info(o_.kind);
+  Row row;
+  row.collective = ci.name;
+  row.requested = algorithm;
+  row.dt = dt;
+  row.has_op = has_op;
+  row.op = op;
+  row.root = ci.has_root ? o_.root : -1;
+
+  CollCase c;
+  c.kind = o_.kind;
+  c.dt = dt;
+  c.op = op;
+  c.count = testing::count_for_bytes(o_.kind, bytes, dt, n_);
+  c.root = o_.root;
+  c.nranks = n_;
+  row.count = testing::row_count(o_.kind, c.count, n_);
+  row.bytes = row.count * dtype_size(dt);
+  const testing::VLayout v = o_.kind == CollKind::all_to_allv ? testing::alltoallv_layout(c.count, rank_, n_)
+                                                              : testing::VLayout{};
+
+  // Ask the registry and tuner what the communicator would do.
+  coll::CollArgs a;
+  a.kind = o_.kind;
+  a.count = c.count;
+  a.dt = dt;
+  a.op = op == ReduceOp::avg ? ReduceOp::sum : op;  // the comm runs avg as sum
+  a.root = c.root;
+  a.send_counts = v.send_counts;
+  a.send_displs = v.send_displs;
+  a.recv_counts = v.recv_counts;
+  a.recv_displs = v.recv_displs;
+  row.tuned = query_.tuned(a);
+  row.algo = algorithm.empty() ? row.tuned : algorithm;
+  if (!algorithm.empty() && !query_.supports(algorithm, a)) {
+    row.supported = false;
+    return row;
+  }
+  CallOptions opt;
+  opt.algorithm = algorithm;
+
+  const testing::BufferCounts bc = testing::buffer_counts(c, rank_);
+  const std::size_t es = dtype_size(dt);
+  buf_.send.reserve(bc.send * es);
+  buf_.recv.reserve(bc.recv * es);
+  std::byte* s = buf_.send.mem.get();
+  std::byte* r = buf_.recv.mem.get();
+  const double factor = testing::busbw_factor(o_.kind, n_);
+  auto finish = [&](Measure* m, double secs) {
+    m->valid = true;
+    m->time_us = secs * 1e6;
+    m->algbw = secs > 0 ? static_cast<double>(row.bytes) / secs / kGB : 0;
+    m->busbw = m->algbw * factor;
+  };
+  auto fail = [&](const Status& st) {
+    if (!st.ok() && error_.empty()) error_ = st.to_string();
+    return st.ok();
+  };
+  bool failed = false;
+
+  // Out of place: fill, check one call, then time.
+  testing::fill_input(c, rank_, s);
+  if (o_.check) {
+    std::memset(r, 0xA5, bc.recv * es);  // a call that writes nothing must not pass
+    const bool ok = fail(call(c, v, s, r, opt));
+    if (any_rank(!ok)) return failed_ = true, row;
+    row.oop.wrong = sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, r)));
+  }
+  double secs = time_loop([&] { return fail(call(c, v, s, r, opt)); }, &failed);
+  if (failed) return failed_ = true, row;
+  const long long oop_wrong = row.oop.wrong;
+  finish(&row.oop, secs);
+  row.oop.wrong = oop_wrong;
+
+  // In place, NCCL's layout: one buffer, sendbuf/recvbuf at offsets in it.
+  if (ci.has_in_place) {
+    const testing::InPlaceLayout ip = testing::in_place_layout(c, rank_);
+    buf_.inplace.reserve(ip.buffer_count * es);
+    std::byte* base = buf_.inplace.mem.get();
+    std::byte* is = buf_.inplace.at(ip.send_offset, dt);
+    std::byte* ir = buf_.inplace.at(ip.recv_offset, dt);
+    if (o_.check) std::memset(base, 0xA5, ip.buffer_count * es);
+    testing::fill_input(c, rank_, is);
+    long long wrong = -1;
+    if (o_.check) {
+      const bool ok = fail(call(c, v, is, ir, opt));
+      if (any_rank(!ok)) return failed_ = true, row;
+      wrong = sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, ir)));
+    }
+    secs = time_loop([&] { return fail(call(c, v, is, ir, opt)); }, &failed);
+    if (failed) return failed_ = true, row;
+    finish(&row.ip, secs);
+    row.ip.wrong = wrong;
+  }
+
+  // The matching MPI call on the same buffers and sizes.
+  std::string why;
+  if (mpi_ != nullptr && mpi_->available(c, &why)) {
+    testing::fill_input(c, rank_, s);
+    secs = time_loop([&] { return mpi_->run(c, &v, s, r) == MPI_SUCCESS; }, &failed);
+    if (!failed) {
+      finish(&row.mpi, secs);
+    }
+  }
+
+  if (info_.roof && o_.kind == CollKind::all_reduce && row.bytes > 0 && info_.copy_bw_n > 0) {
+    // T(S, n) = 2 n S bytes must cross the memory bus (docs/performance.md).
+    const double t_roof = 2.0 * n_ * static_cast<double>(row.bytes) / info_.copy_bw_n;
+    row.has_roof = true;
+    row.roof_busbw = factor * static_cast<double>(row.bytes) / t_roof / kGB;
+    row.roof_cached = 2.0 * n_ * static_cast<double>(row.bytes) <= static_cast<double>(info_.llc_bytes);
+  }
+  return row;
+}
+
+bool Bench::run_table(const std::string& algorithm, bool footer, std::vector<Row>* rows) {
+  const testing::CollInfo& ci = testing::coll_info(o_.kind);
+  const std::vector<std::size_t> sizes = sweep_sizes(o_);
+  if (rank_ == 0) print_table_header(stdout, info_, algorithm.empty() ? "tuner's choice per size" : algorithm);
+  std::vector<Row> table;
+  const std::vector<ReduceOp> no_op{ReduceOp::sum};
+  for (DataType dt : o_.dtypes) {
+    for (ReduceOp op : ci.reduces ? o_.ops : no_op) {
+      for (std::size_t bytes : sizes) {
+        Row row = measure(algorithm, dt, op, bytes, ci.reduces);
+        if (failed_) {
+          // Every rank knows a call failed; each says what it saw.
+          std::fprintf(stderr, "cclz-perf: rank %d: %s %s %s %zu bytes failed: %s\n", rank_, ci.name, dtype_name(dt),
+                       ci.reduces ? op_name(op) : "", row.bytes, error_.empty() ? "(a peer failed)" : error_.c_str());
+          if (rank_ == 0 && footer) print_table_footer(stdout, info_, table);
+          rows->insert(rows->end(), table.begin(), table.end());
+          return false;
+        }
+        if (rank_ == 0) print_row(stdout, info_, row);
+        table.push_back(row);
+      }
+    }
+  }
+  if (rank_ == 0 && footer) print_table_footer(stdout, info_, table);
+  rows->insert(rows->end(), table.begin(), table.end());
+  return true;
+}
+
+std::string join_dtypes(const std::vector<DataType>& v) {
+  std::string s;
+  for (DataType t : v) {
+    if (!s.empty()) s.push_back(',');
+    s.append(dtype_name(t));
+  }
+  return s;
+}
+std::string join_ops(const std::vector<ReduceOp>& v) {
+  std::string s;
+  for (ReduceOp o : v) {
+    if (!s.empty()) s.push_back(',');
+    s.append(op_name(o));
+  }
+  return s;
+}
+
+int run(int argc, char** argv) {
+  int rank = 0, nranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+
+  Options o;
+  std::string err;
+  if (!parse_options(argc, argv, &o, &err)) {
+    if (rank == 0) std::fprintf(stderr, "cclz-perf: %s\n\n%s", err.c_str(), usage(argv[0]).c_str());
+    return 2;
+  }
+  if (o.help) {
+    if (rank == 0) std::fputs(usage(argv[0]).c_str(), stdout);
+    return 0;
+  }
+  const testing::CollInfo& ci = testing::coll_info(o.kind);
+  if (ci.has_root && o.root >= nranks) {
+    if (rank == 0) std::fprintf(stderr, "cclz-perf: root %d is not a rank of %d\n", o.root, nranks);
+    return 2;
+  }
+  std::vector<std::string> algorithms;
+  if (o.algorithm.empty()) {
+    algorithms.emplace_back();
+  } else if (o.algorithm == "all") {
+    algorithms = algorithms_for(o.kind);
+  } else if (coll::find_algorithm(o.kind, o.algorithm) != nullptr) {
+    algorithms.push_back(o.algorithm);
+  } else {
+    if (rank == 0) {
+      std::string known;
+      for (const std::string& a : algorithms_for(o.kind)) {
+        known.push_back(' ');
+        known.append(a);
+      }
+      std::fprintf(stderr, "cclz-perf: no algorithm '%s' for %s (registered:%s)\n", o.algorithm.c_str(), ci.name,
+                   known.c_str());
+    }
+    return 2;
+  }
+
+  std::unique_ptr<Comm> comm;
+  Status st = comm_from_mpi(MPI_COMM_WORLD, &comm);
+  if (!st.ok()) {
+    std::fprintf(stderr, "cclz-perf: rank %d: communicator: %s\n", rank, st.to_string().c_str());
+    return 3;
+  }
+
+  RunInfo info;
+  info.collective = ci.name;
+  info.version = CCLZ_VERSION_STRING;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  info.host = host;
+  info.nranks = nranks;
+  info.nodes = comm->num_nodes();
+  info.local_ranks = comm->local_size();
+  info.cores = usable_cores();
+  info.llc_bytes = last_level_cache_bytes();
+  info.min_bytes = o.min_bytes;
+  info.max_bytes = o.max_bytes;
+  info.step_factor = o.step_factor;
+  info.step_bytes = o.step_bytes;
+  info.iters = o.iters;
+  info.warmup = o.warmup;
+  info.check = o.check;
+  info.dtypes = join_dtypes(o.dtypes);
+  info.ops = ci.reduces ? join_ops(o.ops) : "none";
+  info.root = o.root;
+  if (!o.algorithm.empty()) {
+    info.algorithm = o.algorithm;
+  } else if (const char* env = std::getenv("CCLZ_ALGO"); env != nullptr && *env != '\0') {
+    info.algorithm = std::string("tuner with CCLZ_ALGO=") + env;
+  } else {
+    info.algorithm = "tuner";
+  }
+  info.mpi = o.mpi_baseline;
+  info.roof = o.kind == CollKind::all_reduce && info.nodes == 1;
+  info.copiers_n = std::max(1, std::min(info.local_ranks, info.cores));
+
+  // Copy bandwidth, measured once by rank 0 while the others sleep.
+  {
+    double bw[3] = {0, 0, 0};
+    if (rank == 0) {
+      const CopyBandwidth one = measure_copy_bandwidth(1, std::size_t{256} << 20, 5);
+      const CopyBandwidth many =
+          info.copiers_n == 1 ? one : measure_copy_bandwidth(info.copiers_n, std::size_t{256} << 20, 5);
+      bw[0] = one.bytes_per_s;
+      bw[1] = many.bytes_per_s;
+      bw[2] = static_cast<double>(one.bytes_per_copier);
+    }
+    MPI_Request req;
+    MPI_Ibcast(bw, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD, &req);
+    idle_wait(&req);
+    info.copy_bw_1 = bw[0];
+    info.copy_bw_n = bw[1];
+    info.copy_bytes = static_cast<std::size_t>(bw[2]);
+  }
+  if (rank == 0) print_header(stdout, info);
+
+  std::unique_ptr<MpiBaseline> mpi;
+  if (o.mpi_baseline) mpi = std::make_unique<MpiBaseline>(MPI_COMM_WORLD);
+  std::vector<Row> rows;
+  bool ok = true;
+  Buffers buffers;
+  for (const std::string& a : algorithms) {
+    // With several tables each gets its own closing lines; the run's totals
+    // follow at the end either way.
+    Bench bench(o, *comm, mpi.get(), info, buffers);
+    if (bench.run_table(a, algorithms.size() > 1, &rows)) continue;
+    ok = false;
+    // A failed collective leaves the communicator in error; a fresh one lets
+    // the remaining algorithms of -A all still be measured.
+    comm->abort();
+    comm.reset();
+    st = comm_from_mpi(MPI_COMM_WORLD, &comm);
+    if (!st.ok()) {
+      std::fprintf(stderr, "cclz-perf: rank %d: new communicator after a failure: %s\n", rank, st.to_string().c_str());
+      break;
+    }
+  }
+  bool io_ok = true;
+  long long wrong = 0;
+  double sum = 0, mpi_sum = 0;
+  int nbw = 0, nmpi = 0;
+  for (const Row& r : rows) {
+    for (const Measure* m : {&r.oop, &r.ip}) {
+      if (m->valid && m->wrong > 0) wrong += m->wrong;
+      if (m->valid) {
+        sum += m->busbw;
+        ++nbw;
+      }
+    }
+    if (r.mpi.valid) {
+      mpi_sum += r.mpi.busbw;
+      ++nmpi;
+    }
+  }
+  if (rank == 0) {
+    if (algorithms.size() > 1) print_summary(stdout, rows);
+    std::printf("# Out of bounds values : %lld %s\n", wrong, wrong == 0 && ok ? "OK" : "FAILED");
+    std::printf("# Avg bus bandwidth    : %.4g\n", nbw > 0 ? sum / nbw : 0.0);
+    if (o.mpi_baseline) std::printf("# Avg bus bandwidth (MPI) : %.4g\n", nmpi > 0 ? mpi_sum / nmpi : 0.0);
+    if (!ok) std::printf("# A collective failed; see the messages above (that table stopped there).\n");
+    std::printf("#\n");
+    std::fflush(stdout);
+    if (!o.json_path.empty() && !write_json(o.json_path, info, rows, &err)) {
+      std::fprintf(stderr, "cclz-perf: %s\n", err.c_str());
+      io_ok = false;
+    }
+    if (!o.csv_path.empty() && !write_csv(o.csv_path, rows, &err)) {
+      std::fprintf(stderr, "cclz-perf: %s\n", err.c_str());
+      io_ok = false;
+    }
+  }
+  mpi.reset();
+  if (comm) {
+    st = comm->destroy();
+    if (!st.ok()) std::fprintf(stderr, "cclz-perf: rank %d: destroy: %s\n", rank, st.to_string().c_str());
+    comm.reset();
+  }
+  if (!ok || !io_ok) return 2;
+  return wrong != 0 ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace cclz::perf
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  const int rc = cclz::perf::run(argc, argv);
+  // Every rank reports the worst exit status so mpiexec's is meaningful.
+  int worst = rc;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}

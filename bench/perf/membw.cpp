@@ -1,0 +1,91 @@
+// Concurrent memcpy bandwidth: the roofline's denominator. Threads copy
+// private buffers so that only the memory bus is shared, as it is between
+// the ranks of one host.
+#include "membw.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cclz::perf {
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::size_t last_level_cache_bytes() {
+  // sysfs rather than sysconf(_SC_LEVEL3_CACHE_SIZE): in VMs the latter can
+  // report the host's whole cache.
+  std::size_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream type_in(dir + "type"), size_in(dir + "size");
+    std::string type, size;
+    if (!(type_in >> type) || !(size_in >> size) || type == "Instruction" || size.empty()) continue;
+    std::size_t mult = 1;
+    if (size.back() == 'K') mult = std::size_t{1} << 10;
+    if (size.back() == 'M') mult = std::size_t{1} << 20;
+    const std::size_t v = std::strtoull(size.c_str(), nullptr, 10) * mult;
+    best = std::max(best, v);
+  }
+  return best;
+}
+
+CopyBandwidth measure_copy_bandwidth(int copiers, std::size_t total_bytes, int reps) {
+  using clock = std::chrono::steady_clock;
+  CopyBandwidth r;
+  r.copiers = std::max(1, copiers);
+  const auto n = static_cast<std::size_t>(r.copiers);
+  r.bytes_per_copier = std::max<std::size_t>(total_bytes / n, std::size_t{64} << 20) / 64 * 64;
+
+  struct Pair {
+    std::unique_ptr<std::byte[]> src, dst;
+  };
+  std::vector<Pair> bufs(n);
+  for (Pair& p : bufs) {
+    p.src = std::make_unique_for_overwrite<std::byte[]>(r.bytes_per_copier);
+    p.dst = std::make_unique_for_overwrite<std::byte[]>(r.bytes_per_copier);
+  }
+
+  // Rep 0 faults the pages in (first-touch happens on the copying thread,
+  // which is where the memory should live) and is not timed.
+  std::vector<double> secs(static_cast<std::size_t>(reps) + 1, 0.0);
+  std::barrier sync(static_cast<std::ptrdiff_t>(n));
+  auto worker = [&](std::size_t t) {
+    Pair& p = bufs[t];
+    std::memset(p.src.get(), static_cast<int>(t + 1), r.bytes_per_copier);
+    for (int rep = 0; rep <= reps; ++rep) {
+      sync.arrive_and_wait();
+      const auto t0 = clock::now();
+      std::memcpy(p.dst.get(), p.src.get(), r.bytes_per_copier);
+      sync.arrive_and_wait();  // the run ends when the slowest copier ends
+      if (t == 0) secs[static_cast<std::size_t>(rep)] = std::chrono::duration<double>(clock::now() - t0).count();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t t = 1; t < n; ++t) threads.emplace_back(worker, t);
+  worker(0);
+  for (std::thread& th : threads) th.join();
+
+  double best = 0;
+  for (int rep = 1; rep <= reps; ++rep) {
+    const double s = secs[static_cast<std::size_t>(rep)];
+    if (s > 0 && (best == 0 || s < best)) best = s;
+  }
+  if (best > 0) r.bytes_per_s = 2.0 * static_cast<double>(r.bytes_per_copier) * static_cast<double>(n) / best;
+  return r;
+}
+
+}  // namespace cclz::perf

@@ -1,0 +1,27 @@
+// Memory-copy bandwidth of this machine, the yardstick for cclz-perf's
+// roofline (docs/performance.md): `copiers` threads each memcpy their own
+// buffer at the same time; bandwidth = bytes read + bytes written / time.
+#pragma once
+
+#include <cstddef>
+
+namespace cclz::perf {
+
+struct CopyBandwidth {
+  int copiers = 1;
+  std::size_t bytes_per_copier = 0;  // size of each copy
+  double bytes_per_s = 0;            // read + written, all copiers together, best run
+};
+
+// Best of `reps` timed runs after one untimed run that faults the pages in.
+// Buffers are at least 64 MiB per copier so they miss every cache level.
+CopyBandwidth measure_copy_bandwidth(int copiers, std::size_t total_bytes, int reps);
+
+// CPUs this process may run on (its affinity mask).
+int usable_cores();
+
+// Size of the largest data cache of CPU 0, from sysfs (0 if unknown). Below
+// it a "memory" roofline does not bind: the data never leaves the cache.
+std::size_t last_level_cache_bytes();
+
+}  // namespace cclz::perf

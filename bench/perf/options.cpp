@@ -1,0 +1,210 @@
+// cclz-perf command-line parsing. Spellings follow nccl-tests so that users'
+// scripts carry over; -A picks cclz's algorithm because nccl-tests already
+// uses -a (averaging mode across ranks).
+#include "options.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <string_view>
+
+namespace cclz::perf {
+namespace {
+
+bool parse_int(const std::string& s, long lo, long hi, int* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+}  // namespace
+
+bool parse_bytes(const std::string& s, std::size_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (errno != 0 || end == s.c_str()) return false;
+  std::string_view suffix(end);
+  unsigned long long mult = 1;
+  if (suffix == "" || suffix == "B" || suffix == "b") {
+    mult = 1;
+  } else if (suffix == "K" || suffix == "k" || suffix == "KB" || suffix == "KiB") {
+    mult = 1ull << 10;
+  } else if (suffix == "M" || suffix == "m" || suffix == "MB" || suffix == "MiB") {
+    mult = 1ull << 20;
+  } else if (suffix == "G" || suffix == "g" || suffix == "GB" || suffix == "GiB") {
+    mult = 1ull << 30;
+  } else {
+    return false;
+  }
+  *out = static_cast<std::size_t>(v * mult);
+  return true;
+}
+
+std::string usage(const char* argv0) {
+  std::string u = "usage: mpiexec -n N ";
+  u += argv0;
+  u += R"( <collective> [options]
+
+Collectives: all_reduce, reduce_scatter, all_gather, all_to_all, all_to_allv,
+broadcast, reduce (nccl-tests spellings such as allreduce, reducescatter,
+allgather, alltoall, bcast are accepted too).
+
+Options (as nccl-tests unless marked cclz):
+  -b, --minbytes SIZE     smallest size (default 4K); K, M, G suffixes
+  -e, --maxbytes SIZE     largest size (default 64M)
+  -f, --stepfactor F      multiply the size by F each step (default 4)
+  -i, --stepbytes SIZE    add SIZE each step instead of multiplying
+  -n, --iters N           timed iterations per size (default 20)
+  -w, --warmup_iters N    untimed iterations before timing (default 5)
+  -c, --check 0|1         fill exact inputs and count wrong outputs (default 1)
+  -d, --datatype T|all    f32 f64 f16 bf16 i8 u8 i32 i64 (or float, half,
+                          bfloat16, int8, ...); all = every type (default f32)
+  -o, --op OP|all         sum prod max min avg; all = every op (default sum)
+  -r, --root R            root of broadcast and reduce (default 0)
+  -A, --algorithm NAME    cclz: force an algorithm (e.g. ring); "all" runs every
+                          registered algorithm for the collective, one table
+                          each, then a per-size summary of the fastest against
+                          the tuner's default. Default: the tuner's choice.
+                          (nccl-tests' -a is averaging mode, hence -A.)
+      --json FILE         cclz: also write every row as JSON (rank 0)
+      --csv FILE          cclz: also write every row as CSV (rank 0)
+      --no-mpi            cclz: skip the MPI baseline columns
+  -h, --help              this text
+
+Columns: time is the per-iteration average on each rank, then the maximum
+over ranks (the slowest rank bounds the collective). algbw = size / time,
+busbw = algbw * factor (all_reduce 2(n-1)/n; reduce_scatter, all_gather,
+all_to_all (n-1)/n; broadcast, reduce 1), GB = 1e9 bytes. "algo" is the
+algorithm that ran, "mpi" the matching MPI call measured in the same run,
+"%roof" (all_reduce, one host) busbw as a share of the memory-copy roofline
+(docs/performance.md). Exits non-zero if any element was wrong.
+)";
+  return u;
+}
+
+bool parse_options(int argc, char** argv, Options* out, std::string* error) {
+  Options o;
+  bool have_coll = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    // Options that take a value accept "-b 4K", "--minbytes 4K" and "--minbytes=4K".
+    std::string name = a;
+    std::string value;
+    bool inline_value = false;
+    if (a.rfind("--", 0) == 0) {
+      if (auto eq = a.find('='); eq != std::string::npos) {
+        name = a.substr(0, eq);
+        value = a.substr(eq + 1);
+        inline_value = true;
+      }
+    }
+    auto take = [&](std::string* v) {
+      if (inline_value) {
+        *v = value;
+        return true;
+      }
+      if (i + 1 >= argc) {
+        *error = "option " + name + " needs a value";
+        return false;
+      }
+      *v = argv[++i];
+      return true;
+    };
+    std::string v;
+    if (name == "-h" || name == "--help") {
+      o.help = true;
+    } else if (name == "--no-mpi") {
+      o.mpi_baseline = false;
+    } else if (name == "-b" || name == "--minbytes") {
+      if (!take(&v)) return false;
+      if (!parse_bytes(v, &o.min_bytes)) return *error = "bad size for -b: " + v, false;
+    } else if (name == "-e" || name == "--maxbytes") {
+      if (!take(&v)) return false;
+      if (!parse_bytes(v, &o.max_bytes)) return *error = "bad size for -e: " + v, false;
+    } else if (name == "-f" || name == "--stepfactor") {
+      if (!take(&v)) return false;
+      int f = 0;
+      if (!parse_int(v, 2, 1 << 20, &f)) return *error = "bad step factor (want >= 2): " + v, false;
+      o.step_factor = static_cast<std::size_t>(f);
+      o.step_bytes = 0;
+    } else if (name == "-i" || name == "--stepbytes") {
+      if (!take(&v)) return false;
+      if (!parse_bytes(v, &o.step_bytes) || o.step_bytes == 0) return *error = "bad step for -i: " + v, false;
+    } else if (name == "-n" || name == "--iters") {
+      if (!take(&v)) return false;
+      if (!parse_int(v, 1, 1 << 30, &o.iters)) return *error = "bad iteration count: " + v, false;
+    } else if (name == "-w" || name == "--warmup_iters") {
+      if (!take(&v)) return false;
+      if (!parse_int(v, 0, 1 << 30, &o.warmup)) return *error = "bad warm-up count: " + v, false;
+    } else if (name == "-c" || name == "--check") {
+      if (!take(&v)) return false;
+      int c = 0;
+      if (!parse_int(v, 0, 1 << 30, &c)) return *error = "bad -c value: " + v, false;
+      o.check = c != 0;
+    } else if (name == "-d" || name == "--datatype") {
+      if (!take(&v)) return false;
+      o.dtypes.clear();
+      if (v == "all") {
+        o.dtypes.assign(std::begin(kAllDataTypes), std::end(kAllDataTypes));
+      } else {
+        DataType t{};
+        if (!parse_dtype(v, &t)) return *error = "unknown data type: " + v, false;
+        o.dtypes.push_back(t);
+      }
+    } else if (name == "-o" || name == "--op") {
+      if (!take(&v)) return false;
+      o.ops.clear();
+      if (v == "all") {
+        o.ops.assign(std::begin(kAllReduceOps), std::end(kAllReduceOps));
+      } else {
+        ReduceOp op{};
+        if (!parse_op(v, &op)) return *error = "unknown reduction op: " + v, false;
+        o.ops.push_back(op);
+      }
+    } else if (name == "-r" || name == "--root") {
+      if (!take(&v)) return false;
+      if (!parse_int(v, 0, 1 << 30, &o.root)) return *error = "bad root: " + v, false;
+    } else if (name == "-A" || name == "--algorithm") {
+      if (!take(&v)) return false;
+      o.algorithm = v;
+    } else if (name == "--json") {
+      if (!take(&o.json_path)) return false;
+    } else if (name == "--csv") {
+      if (!take(&o.csv_path)) return false;
+    } else if (!a.empty() && a[0] == '-') {
+      *error = "unknown option: " + a;
+      return false;
+    } else if (!have_coll) {
+      auto k = testing::parse_coll(a);
+      if (!k) return *error = "unknown collective: " + a, false;
+      o.kind = *k;
+      have_coll = true;
+    } else {
+      *error = "unexpected argument: " + a;
+      return false;
+    }
+  }
+  if (!o.help && !have_coll) return *error = "missing collective (e.g. all_reduce)", false;
+  if (o.min_bytes > o.max_bytes) return *error = "-b is larger than -e", false;
+  *out = std::move(o);
+  return true;
+}
+
+std::vector<std::size_t> sweep_sizes(const Options& o) {
+  std::vector<std::size_t> sizes;
+  for (std::size_t s = o.min_bytes; s <= o.max_bytes;) {
+    sizes.push_back(s);
+    const std::size_t next = o.step_bytes != 0 ? s + o.step_bytes : s * o.step_factor;
+    if (next <= s) break;  // 0-byte start with a factor, or overflow
+    s = next;
+  }
+  if (sizes.empty()) sizes.push_back(o.min_bytes);
+  return sizes;
+}
+
+}  // namespace cclz::perf

@@ -1,0 +1,43 @@
+// cclz-perf command line: nccl-tests' options (-b -e -f -i -n -w -c -d -o -r)
+// plus cclz's own (-A algorithm, --json, --csv, --no-mpi).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "cclz/types.hpp"
+#include "coll_desc.hpp"
+
+namespace cclz::perf {
+
+struct Options {
+  testing::CollKind kind = testing::CollKind::all_reduce;
+  std::size_t min_bytes = 4096;
+  std::size_t max_bytes = 64u << 20;
+  std::size_t step_factor = 4;  // used when step_bytes == 0
+  std::size_t step_bytes = 0;   // nccl-tests -i: linear steps instead of a factor
+  int iters = 20;
+  int warmup = 5;
+  bool check = true;
+  std::vector<DataType> dtypes{DataType::f32};
+  std::vector<ReduceOp> ops{ReduceOp::sum};
+  int root = 0;
+  std::string algorithm;  // "" = the tuner's choice, "all" = every registered one
+  std::string json_path;
+  std::string csv_path;
+  bool mpi_baseline = true;
+  bool help = false;
+};
+
+// Parses argv. On error returns false and sets *error; --help sets help.
+bool parse_options(int argc, char** argv, Options* out, std::string* error);
+std::string usage(const char* argv0);
+
+// "4K" -> 4096, "1M", "2G", plain numbers; false on garbage.
+bool parse_bytes(const std::string& s, std::size_t* out);
+
+// The sizes a sweep visits, in bytes, as nccl-tests does.
+std::vector<std::size_t> sweep_sizes(const Options& o);
+
+}  // namespace cclz::perf

@@ -1,0 +1,76 @@
+// cclz-perf output: the nccl-tests-shaped table (plus cclz's algo, MPI and
+// roofline columns), the per-size algorithm summary, and JSON/CSV files.
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "coll_desc.hpp"
+
+namespace cclz::perf {
+
+// One timed variant (out-of-place, in-place or MPI) of one row.
+struct Measure {
+  bool valid = false;   // measured (false: n/a or skipped)
+  double time_us = 0;   // per-iteration average on each rank, max over ranks
+  double algbw = 0;     // GB/s, GB = 1e9
+  double busbw = 0;     // GB/s
+  long long wrong = -1; // elements wrong over all ranks; -1 = not checked
+};
+
+struct Row {
+  std::string collective;
+  std::string requested;  // -A value for this table ("" = tuner)
+  std::string algo;       // the algorithm that ran
+  std::string tuned;      // what the tuner picks for this call
+  bool supported = true;
+  std::size_t bytes = 0;  // nccl-tests size column
+  std::size_t count = 0;  // nccl-tests count column (elements)
+  DataType dt = DataType::f32;
+  bool has_op = false;
+  ReduceOp op = ReduceOp::sum;
+  int root = -1;          // -1 for collectives without a root
+  Measure oop, ip, mpi;
+  bool has_roof = false;
+  double roof_busbw = 0;  // GB/s: the memory-copy roofline's busbw for this size
+  bool roof_cached = false;  // working set fits in the last-level cache
+};
+
+// What the header says about the run.
+struct RunInfo {
+  std::string collective;
+  std::string version;
+  std::string host;
+  int nranks = 1;
+  int nodes = 1;
+  int local_ranks = 1;
+  int cores = 1;
+  std::size_t min_bytes = 0, max_bytes = 0, step_factor = 0, step_bytes = 0;
+  int iters = 0, warmup = 0;
+  bool check = false;
+  std::string dtypes, ops, algorithm;
+  int root = 0;
+  double copy_bw_1 = 0;       // bytes/s, one copier
+  double copy_bw_n = 0;       // bytes/s, copiers_n concurrent copiers
+  int copiers_n = 1;
+  std::size_t copy_bytes = 0; // per copier, single-copier run
+  std::size_t llc_bytes = 0;  // last-level cache size (0 if unknown)
+  bool mpi = true;
+  bool roof = false;          // roofline column printed (all_reduce on one host)
+};
+
+void print_header(std::FILE* f, const RunInfo& info);
+void print_table_header(std::FILE* f, const RunInfo& info, const std::string& algorithm);
+void print_row(std::FILE* f, const RunInfo& info, const Row& r);
+// Averages over the rows given (nccl-tests averages busbw over every
+// out-of-place and in-place measurement).
+void print_table_footer(std::FILE* f, const RunInfo& info, const std::vector<Row>& rows);
+// -A all: per (type, op, size), the fastest algorithm against the tuner's.
+void print_summary(std::FILE* f, const std::vector<Row>& rows);
+
+bool write_json(const std::string& path, const RunInfo& info, const std::vector<Row>& rows, std::string* error);
+bool write_csv(const std::string& path, const std::vector<Row>& rows, std::string* error);
+
+}  // namespace cclz::perf
