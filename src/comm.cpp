@@ -422,8 +422,15 @@ void Engine::run(RequestState* target) {
 }
 
 void Engine::fail_task(Task& t, const Status& st, bool poison_comm) {
-  t.req->complete(st);
+  // Poison before completing: a caller woken by the failure must already see
+  // it in async_error().
   if (poison_comm) poison(st);
+  t.req->complete(st);
+}
+
+void Engine::record_error(const Status& st) {
+  std::lock_guard lk(mu_);
+  if (async_error_.ok()) async_error_ = st;
 }
 
 void Engine::poison(const Status& st) {
@@ -595,7 +602,10 @@ void Engine::reap_flights(const Status& wait_status) {
     }
     if (!st.ok()) {
       if (first_error.ok()) first_error = st;
-      poison_comm = poison_comm || poisons_p2p(st.code());
+      if (poisons_p2p(st.code())) {
+        poison_comm = true;
+        record_error(first_error);  // visible before the waiter wakes
+      }
     }
     f.req->complete(std::move(st));
     it = flights_.erase(it);
@@ -606,6 +616,7 @@ void Engine::reap_flights(const Status& wait_status) {
     Task& f = *flights_.front();
     transport_->cancel(&f.op);
     first_error = Status(wait_status.code(), message(f, wait_status.message()));
+    record_error(first_error);
     f.req->complete(first_error);
     flights_.erase(flights_.begin());
     poison_comm = true;

@@ -132,6 +132,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void reap_flights(const Status& wait_status);
   void fail_task(Task& t, const Status& st, bool poison);
   void poison(const Status& st);
+  // Sets async_error_ to `st` unless an earlier error is there.
+  void record_error(const Status& st);
   Status rejection(const Task& t) const;  // why submit refuses t (caller holds mu_)
 
   const int rank_;
