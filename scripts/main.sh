@@ -23,4 +23,11 @@ ninja -C "$build" -j "$jobs"
 # The MPICH launcher by name (plain mpiexec may be Open MPI's where both are
 # installed); all ranks on this machine.
 launcher=$(command -v mpiexec.mpich || command -v mpiexec.hydra || command -v mpiexec)
-exec "$launcher" -n "$ranks" "$build/bench/cclz-perf" "$@" </dev/null
+# The collective defaults to all_reduce; a first argument that is not an
+# option names another (e.g. `bash scripts/main.sh all_gather -A all`).
+coll=all_reduce
+if [[ $# -gt 0 && $1 != -* ]]; then
+  coll=$1
+  shift
+fi
+exec "$launcher" -n "$ranks" "$build/bench/cclz-perf" "$coll" "$@" </dev/null

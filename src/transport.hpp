@@ -59,6 +59,12 @@ class Transport {
 
   // Makes every later and every pending wait() fail with `why` (abort).
   virtual void fail(const Status& why) = 0;
+
+  // Drives pending protocol work that no op of this rank waits for, such as
+  // acknowledging a peer's rendezvous send whose data this rank has already
+  // received. The communicator calls it while idle so that a peer never
+  // waits on a rank that is busy outside the library.
+  virtual void progress() {}
 };
 
 }  // namespace cclz::detail

@@ -673,6 +673,12 @@ std::string UcxTransport::timeout_message(std::span<Op* const> ops, double secon
          what + ")";
 }
 
+void UcxTransport::progress() {
+  // Bounded: a busy worker must not keep the idle caller forever.
+  for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
+  }
+}
+
 Status UcxTransport::wait(std::span<Op* const> ops, Clock::time_point deadline) {
   const auto start = Clock::now();
   const auto spin = std::chrono::microseconds(policy_.spin_us);

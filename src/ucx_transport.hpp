@@ -74,6 +74,7 @@ class UcxTransport final : public Transport {
   void cancel(Op* op) override;
   // Thread-safe: may be called while another thread is inside wait().
   void fail(const Status& why) override;
+  void progress() override;
 
   void set_wait_policy(const UcxWaitPolicy& p) noexcept { policy_ = p; }
 
