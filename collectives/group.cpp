@@ -108,7 +108,14 @@ Group Group::subgroup(std::span<const int> indices, int space) const {
     nodes.push_back(nodes_[static_cast<std::size_t>(i)]);
   }
   assert(me >= 0);
-  return Group(*t_, std::move(members), std::move(nodes), me, seq_, deadline_, *scratch_, space);
+  Group sub(*t_, std::move(members), std::move(nodes), me, seq_, deadline_, *scratch_, space);
+  sub.attach_shm(shm_);
+  return sub;
+}
+
+void Group::attach_shm(detail::ShmWindow* w) noexcept {
+  shm_ = w;
+  shm_usable_ = w != nullptr && w->members() == members_ && w->index() == me_;
 }
 
 }  // namespace cclz::coll

@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "shm_window.hpp"
 #include "transport.hpp"
 
 namespace cclz::coll {
@@ -71,6 +72,14 @@ class Group {
   // (1..15) keeps its tags apart from other sub-groups of the same call.
   Group subgroup(std::span<const int> indices, int space) const;
 
+  // The node-local shared-memory window, when this group's ranks are exactly
+  // the ranks that share it (in its order); null otherwise. Sub-groups keep
+  // the window and re-check.
+  detail::ShmWindow* shm() const noexcept { return shm_usable_ ? shm_ : nullptr; }
+  void attach_shm(detail::ShmWindow* w) noexcept;
+  // Drives the transport's pending protocol work (while waiting elsewhere).
+  void progress_transport() { t_->progress(); }
+
   std::byte* scratch(int slot, std::size_t bytes) { return scratch_->get(slot, bytes); }
   detail::Clock::time_point deadline() const noexcept { return deadline_; }
   std::uint64_t seq() const noexcept { return seq_; }
@@ -88,6 +97,8 @@ class Group {
   int space_;
   int num_nodes_ = 1;
   bool nodes_uniform_ = true;
+  detail::ShmWindow* shm_ = nullptr;
+  bool shm_usable_ = false;
 };
 
 }  // namespace cclz::coll

@@ -22,13 +22,22 @@ extern const AlgorithmDesc broadcast_chain;
 extern const AlgorithmDesc reduce_binomial;
 extern const AlgorithmDesc reduce_chain;
 extern const AlgorithmDesc barrier_dissemination;
+extern const AlgorithmDesc allreduce_shm;
+extern const AlgorithmDesc reduce_scatter_shm;
+extern const AlgorithmDesc allgather_shm;
+extern const AlgorithmDesc alltoall_shm;
+extern const AlgorithmDesc broadcast_shm;
+extern const AlgorithmDesc reduce_shm;
+extern const AlgorithmDesc barrier_shm;
 
 namespace {
-const std::array<const AlgorithmDesc*, 16> kRegistry = {
-    &allreduce_ring,      &allreduce_tree,      &allreduce_rabenseifner, &allreduce_hierarchical,
-    &reduce_scatter_ring, &reduce_scatter_halving, &allgather_ring,       &allgather_doubling,
-    &alltoall_pairwise,   &alltoall_bruck,      &alltoallv_pairwise,     &broadcast_binomial,
-    &broadcast_chain,     &reduce_binomial,     &reduce_chain,           &barrier_dissemination,
+const std::array<const AlgorithmDesc*, 23> kRegistry = {
+    &allreduce_ring,      &allreduce_tree,         &allreduce_rabenseifner, &allreduce_hierarchical,
+    &allreduce_shm,       &reduce_scatter_ring,    &reduce_scatter_halving, &reduce_scatter_shm,
+    &allgather_ring,      &allgather_doubling,     &allgather_shm,          &alltoall_pairwise,
+    &alltoall_bruck,      &alltoall_shm,           &alltoallv_pairwise,     &broadcast_binomial,
+    &broadcast_chain,     &broadcast_shm,          &reduce_binomial,        &reduce_chain,
+    &reduce_shm,          &barrier_dissemination,  &barrier_shm,
 };
 }  // namespace
 

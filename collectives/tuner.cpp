@@ -34,6 +34,17 @@ struct Rule {
 };
 
 constexpr Rule kRules[] = {
+    // One node: the shared-memory window beats any message schedule (no
+    // transport copies; reductions read the peers' data in the shared
+    // cache). Its algorithms support() only groups that are exactly the
+    // ranks sharing a window.
+    {CollKind::all_reduce, "shm", 0, kAny, 2, false},
+    {CollKind::reduce_scatter, "shm", 0, kAny, 2, false},
+    {CollKind::all_gather, "shm", 0, kAny, 2, false},
+    {CollKind::all_to_all, "shm", 0, kAny, 2, false},
+    {CollKind::broadcast, "shm", 0, kAny, 2, false},
+    {CollKind::reduce, "shm", 0, kAny, 2, false},
+    {CollKind::barrier, "shm", 0, kAny, 2, false},
     // all_reduce: two levels when the network is the bottleneck; a double
     // binary tree for tiny messages (2 log n latency, no extra pair-up steps
     // for odd n); halving-doubling for medium (log latency, ~ring volume);

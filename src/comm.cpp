@@ -19,6 +19,7 @@
 #include "comm_impl.hpp"
 #include "kernels.hpp"
 #include "log.hpp"
+#include "shm_setup.hpp"
 
 namespace cclz {
 
@@ -177,10 +178,12 @@ std::string Task::describe() const {
 
 // ------------------------------------------------------------------ Engine
 
-Engine::Engine(int rank, std::unique_ptr<Transport> transport, std::vector<int> node_of, const Config& cfg)
+Engine::Engine(int rank, std::unique_ptr<Transport> transport, std::unique_ptr<ShmWindow> shm,
+               std::vector<int> node_of, const Config& cfg)
     : rank_(rank),
       size_(transport->size()),
       transport_(std::move(transport)),
+      shm_(std::move(shm)),
       transport_name_(transport_->name()),
       members_([n = transport_->size()] {
         std::vector<int> m(static_cast<std::size_t>(n));
@@ -456,6 +459,10 @@ void Engine::poison(const Status& st) {
   if (log::enabled(cfg_.log_level, LogLevel::warn)) {
     log::write(LogLevel::warn, rank_, "communicator failed: " + st.message());
   }
+  // Peers blocked on this rank in the shared-memory window stop at once
+  // instead of waiting out their timeout. A timeout is not passed on: the
+  // peers are waiting for the same late rank and report it themselves.
+  if (shm_ && st.code() != Result::timeout) shm_->fail(st);
   const std::string why = "communicator failed earlier: " + st.message();
   for (auto& t : dropped) t->req->complete({st.code(), message(*t, why)});
   // The runner owns the flights; cancel them so their buffers are free.
@@ -508,6 +515,7 @@ Status Engine::run_collective(Task& t) {
   // Tags of a collective use seq 2s; its CCLZ_CHECK exchange and a split's
   // sub-connection use 2s+1, so neither can match the other's messages.
   coll::Group g(*transport_, members_, node_of_, rank_, 2 * t.seq, deadline, scratch_);
+  g.attach_shm(shm_.get());
   if (t.type == Task::Type::custom) return t.body(g);
   if (cfg_.check) {
     // A mismatch is found by every rank before any data moves, but it means
@@ -689,6 +697,7 @@ void Engine::abort(const Status& why) {
   worker_cv_.notify_all();
   // Thread-safe by the Transport contract: a wait in progress returns `why`.
   transport_->fail(why);
+  if (shm_) shm_->fail(why);
   for (auto& t : dropped) t->req->complete({why.code(), message(*t, why.message())});
   if (from_engine) return;  // the rest happens when the runner unwinds and destroy() runs
   if (worker_.joinable()) worker_.join();
@@ -714,7 +723,8 @@ void Engine::abort(const Status& why) {
 
 // ---------------------------------------------------------------- CommImpl
 
-CommImpl::CommImpl(World world, Topology topo, const Config& cfg, SubgroupConnector connect)
+CommImpl::CommImpl(World world, Topology topo, const Config& cfg, SubgroupConnector connect,
+                   std::unique_ptr<ShmWindow> shm)
     : rank_(world.transport->rank()),
       size_(world.transport->size()),
       ranks_(std::move(world.ranks)),
@@ -725,7 +735,8 @@ CommImpl::CommImpl(World world, Topology topo, const Config& cfg, SubgroupConnec
   for (int i = 0; i < size_; ++i) members[static_cast<std::size_t>(i)] = i;
   Transport& t = *world.transport;
   tune_group_ = std::make_unique<coll::Group>(t, members, topo_.node_of, rank_, 0, Clock::now(), tune_scratch_);
-  engine_ = std::make_shared<Engine>(rank_, std::move(world.transport), topo_.node_of, cfg_);
+  tune_group_->attach_shm(shm.get());  // the engine owns it for as long as this group exists
+  engine_ = std::make_shared<Engine>(rank_, std::move(world.transport), std::move(shm), topo_.node_of, cfg_);
 }
 
 CommImpl::~CommImpl() {
@@ -742,9 +753,18 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
                                         std::to_string(world.ranks.size()) + " rank infos for " +
                                         std::to_string(n) + " ranks"};
   }
+  std::unique_ptr<ShmWindow> shm;
+  std::string no_shm;
+  if (Status st = setup_shm_window(*world.transport, topo, world.ranks, cfg, &shm, &no_shm); !st.ok()) {
+    return {st.code(), "rank " + std::to_string(r) + ": communicator: setting up node-local shared memory: " +
+                           st.message()};
+  }
+  if (!no_shm.empty() && log::enabled(cfg.log_level, LogLevel::warn)) {
+    log::write(LogLevel::warn, r, "no node-local shared memory (" + no_shm + "); the node's ranks use the transport");
+  }
   std::unique_ptr<CommImpl> impl;
   try {
-    impl = std::make_unique<CommImpl>(std::move(world), std::move(topo), cfg, std::move(connect));
+    impl = std::make_unique<CommImpl>(std::move(world), std::move(topo), cfg, std::move(connect), std::move(shm));
   } catch (const std::bad_alloc&) {
     return {Result::system_error, "rank " + std::to_string(r) + ": communicator: out of memory"};
   }

@@ -35,6 +35,7 @@
 #include "cclz/cclz.hpp"
 #include "config.hpp"
 #include "group.hpp"
+#include "shm_window.hpp"
 #include "topology.hpp"
 #include "transport.hpp"
 
@@ -82,7 +83,8 @@ struct Task {
 
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
-  Engine(int rank, std::unique_ptr<Transport> transport, std::vector<int> node_of, const Config& cfg);
+  Engine(int rank, std::unique_ptr<Transport> transport, std::unique_ptr<ShmWindow> shm, std::vector<int> node_of,
+         const Config& cfg);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -139,6 +141,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const int rank_;
   const int size_;
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<ShmWindow> shm_;  // null: no node-local peers, or CCLZ_SHM=0
   std::string transport_name_;
   const std::vector<int> members_;  // 0..size-1, for Group
   const std::vector<int> node_of_;
@@ -171,7 +174,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
 };
 
 struct CommImpl {
-  CommImpl(World world, Topology topo, const Config& cfg, SubgroupConnector connect);
+  CommImpl(World world, Topology topo, const Config& cfg, SubgroupConnector connect,
+           std::unique_ptr<ShmWindow> shm);
   ~CommImpl();
 
   // Every communicator is made here: from a bootstrap's World, a split, or a

@@ -196,6 +196,38 @@ Status config_from_env(Config* out) {
     }
     c.local_size = static_cast<int>(k);
   }
+  if (const char* v = env("CCLZ_SHM")) {
+    const std::string l = lower(v);
+    if (l == "1" || l == "true" || l == "yes" || l == "on") {
+      c.shm = true;
+    } else if (l == "0" || l == "false" || l == "no" || l == "off") {
+      c.shm = false;
+    } else {
+      return {Result::invalid_argument, std::string("CCLZ_SHM='") + v + "' is not 0 or 1"};
+    }
+  }
+  auto int_in = [](const char* name, const char* v, long lo, long hi, long step, long* out) -> Status {
+    char* end = nullptr;
+    errno = 0;
+    const long k = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || errno != 0 || k < lo || k > hi || k % step != 0) {
+      return {Result::invalid_argument, std::string(name) + "='" + v + "' is not an integer in [" +
+                                            std::to_string(lo) + ", " + std::to_string(hi) + "]" +
+                                            (step > 1 ? " divisible by " + std::to_string(step) : std::string())};
+    }
+    *out = k;
+    return {};
+  };
+  if (const char* v = env("CCLZ_SHM_SLOT_KB")) {
+    long k = 0;
+    if (Status st = int_in("CCLZ_SHM_SLOT_KB", v, 4, 1 << 20, 4, &k); !st.ok()) return st;
+    c.shm_slot_bytes = static_cast<std::size_t>(k) << 10;
+  }
+  if (const char* v = env("CCLZ_SHM_SLOTS")) {
+    long k = 0;
+    if (Status st = int_in("CCLZ_SHM_SLOTS", v, 1, 64, 1, &k); !st.ok()) return st;
+    c.shm_slots = static_cast<int>(k);
+  }
   *out = std::move(c);
   return {};
 }

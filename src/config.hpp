@@ -8,6 +8,9 @@
 //   CCLZ_DEBUG=WARN|INFO|TRACE  log to stderr with a "cclz rank R:" prefix
 //   CCLZ_ALGO=ring | all_reduce=ring,all_gather=doubling
 //   CCLZ_LOCAL_SIZE=k         node = rank / k (declares k ranks per "node")
+//   CCLZ_SHM=0|1              node-local shared-memory window (default 1)
+//   CCLZ_SHM_SLOT_KB=<KiB>    staging slot size, multiple of 4 (default 256)
+//   CCLZ_SHM_SLOTS=<n>        slots per rank, 1..64 (default 4)
 //   (CCLZ_NODE_ID is read by the bootstrap into RankInfo::node_override.)
 #pragma once
 
@@ -38,6 +41,9 @@ struct Config {
   std::string algo_spec;  // CCLZ_ALGO as given
   AlgoOverride algo;
   int local_size = 0;  // CCLZ_LOCAL_SIZE, 0 = unset
+  bool shm = true;
+  std::size_t shm_slot_bytes = std::size_t{256} << 10;
+  int shm_slots = 4;
 
   // The deadline of an operation that starts now.
   Clock::time_point deadline_from_now() const noexcept;

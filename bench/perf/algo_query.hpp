@@ -21,10 +21,7 @@ std::vector<std::string> algorithms_for(coll::CollKind kind);
 // what the tuner and supports() look at.
 class AlgoQuery {
  public:
-  explicit AlgoQuery(const Comm& comm);
-  ~AlgoQuery();
-  AlgoQuery(const AlgoQuery&) = delete;
-  AlgoQuery& operator=(const AlgoQuery&) = delete;
+  explicit AlgoQuery(Comm& comm);
 
   // The algorithm a call without CallOptions::algorithm runs ("" if none).
   std::string tuned(const coll::CollArgs& a) const;
@@ -34,8 +31,7 @@ class AlgoQuery {
   bool supports(const std::string& name, const coll::CollArgs& a) const;
 
  private:
-  struct State;
-  std::unique_ptr<State> s_;
+  detail::CommImpl* impl_;
 };
 
 }  // namespace cclz::perf

@@ -1,12 +1,13 @@
 // Hierarchical (two-level) all-reduce, as in Horovod's hierarchical
 // all-reduce and NCCL's intra-node/inter-node split (also "2D-torus"
 // all-reduce, Mikami et al. 2018):
-//   1. intra-node ring reduce-scatter: the node's L ranks each own 1/L of the
-//      buffer, reduced over the node;
+//   1. intra-node reduce-scatter: the node's L ranks each own 1/L of the
+//      buffer, reduced over the node (through the node's shared-memory
+//      window when it has one, else the pipelined ring over the transport);
 //   2. inter-node all-reduce of that 1/L among the N ranks with the same
 //      local index (one per node), with the algorithm the tuner picks for
 //      that piece on that group (ring for large, tree/Rabenseifner small);
-//   3. intra-node ring all-gather.
+//   3. intra-node all-gather (shared memory or ring, as in 1).
 // Phase 2 moves only 2(N-1)/N * bytes/L per rank across the slow network,
 // and every node's L links to the network carry it in parallel. Each element
 // is reduced in one order (by its intra-node owner, then by the inter-node
@@ -20,6 +21,7 @@
 // Needs more than one node and the same number of ranks on every node
 // (the inter-node groups must cover every block).
 #include "allreduce/common.hpp"
+#include "shm_pipeline.hpp"
 
 namespace cclz::coll {
 
@@ -63,9 +65,13 @@ Status hierarchical_allreduce(Group& g, const CollArgs& a, std::size_t slice_byt
 
   Group intra_rs = g.subgroup(local, kSpaceIntraReduce);
   const BlockLayout layout{a.count, static_cast<int>(local.size())};
-  if (Status st = ring_reduce_scatter(intra_rs, src, dst, layout, a.dt, a.op, slice_bytes); !st.ok()) return st;
-
   const std::size_t off = layout.off(local_index), len = layout.len(local_index);
+  const auto sig = shm::call_sig(g, a, a.count);
+  const Status rs = intra_rs.shm() != nullptr
+                        ? shm::reduce_scatter(intra_rs, sig, src, dst + off * es, layout, a.dt, a.op)
+                        : ring_reduce_scatter(intra_rs, src, dst, layout, a.dt, a.op, slice_bytes);
+  if (!rs.ok()) return rs;
+
   if (len > 0) {  // the same on every node for this local index
     Group inter = g.subgroup(peers, kSpaceInter);
     CollArgs inner = a;
@@ -80,6 +86,7 @@ Status hierarchical_allreduce(Group& g, const CollArgs& a, std::size_t slice_byt
   }
 
   Group intra_ag = g.subgroup(local, kSpaceIntraGather);
+  if (intra_ag.shm() != nullptr) return shm::all_gather(intra_ag, sig, dst + off * es, dst, layout, es);
   return ring_allgather(intra_ag, dst, layout, es, slice_bytes);
 }
 

@@ -23,6 +23,7 @@
 
 #include "algorithm.hpp"
 #include "cclz/mpi.hpp"
+#include "comm_impl.hpp"
 #include "harness.hpp"
 
 namespace cclz::mpitest {
@@ -501,7 +502,17 @@ TEST(Comm, BarrierHoldsEveryRankBack) {
   ASSERT_TRUE(all_true(counter.ok())) << "shared memory segment for the barrier check";
   std::vector<std::string> algos = {""};
   for (const coll::AlgorithmDesc* d : coll::all_algorithms()) {
-    if (d->kind == coll::CollKind::barrier) algos.push_back(d->name);
+    // Every barrier this communicator can run (shm only on one node).
+    CallOptions o;
+    o.algorithm = d->name;
+    coll::CollArgs a;
+    a.kind = coll::CollKind::barrier;
+    if (d->kind == coll::CollKind::barrier && c->impl()->algorithm_for(a, o, nullptr, nullptr).ok()) {
+      algos.push_back(d->name);
+    }
+  }
+  if (n > 1 && c->num_nodes() == 1) {
+    EXPECT_NE(std::find(algos.begin(), algos.end(), "shm"), algos.end()) << "one node but no shared-memory barrier";
   }
   for (const std::string& algo : algos) {
     // Outside the check: nobody still reads the last round when it resets.

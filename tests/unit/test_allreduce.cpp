@@ -28,6 +28,7 @@
 #include "allreduce/common.hpp"
 #include "group.hpp"
 #include "kernels.hpp"
+#include "shm_nodes.hpp"
 #include "thread_transport.hpp"
 
 namespace cclz {
@@ -145,11 +146,23 @@ std::string describe(const std::string& label, int n, const Case& c) {
 // Runs every case, one collective call each (sequence numbers 1, 2, ...),
 // on n thread-ranks and checks every rank's output bitwise against the
 // reference, and that an out-of-place sendbuf is untouched.
+// Node-local shared-memory windows for a run: slot size and count.
+struct ShmSetup {
+  std::size_t slot_bytes = 4096;
+  int slots = 3;
+};
+
+std::unique_ptr<testing::ShmNodes> make_shm(const std::vector<int>& nodes, const ShmSetup* shm) {
+  return shm == nullptr ? nullptr : std::make_unique<testing::ShmNodes>(nodes, shm->slot_bytes, shm->slots);
+}
+
 void check_cases(const std::string& label, const std::vector<int>& nodes, const std::vector<Case>& cases,
-                 const RunFn& fn) {
+                 const RunFn& fn, const ShmSetup* shm = nullptr) {
   const int n = static_cast<int>(nodes.size());
+  const auto windows = make_shm(nodes, shm);
   testing::run_ranks(n, [&](detail::Transport& t, int rank) {
     ScratchPool pool;
+    const auto window = windows ? windows->window(rank) : nullptr;
     for (std::size_t k = 0; k < cases.size(); ++k) {
       const Case& c = cases[k];
       const std::size_t es = dtype_size(c.dt), bytes = c.count * es;
@@ -168,6 +181,7 @@ void check_cases(const std::string& label, const std::vector<int>& nodes, const 
       a.dt = c.dt;
       a.op = c.op;
       Group g = make_group(t, nodes, k + 1, pool);
+      g.attach_shm(window.get());
       const Status st = fn(g, a);
       // A failed rank stops here; the others then fail by timeout, not hang.
       ASSERT_TRUE(st.ok()) << describe(label, n, c) << " rank " << rank << ": " << st.to_string();
@@ -213,16 +227,48 @@ RunFn by_descriptor(const char* name) {
   return [d](Group& g, const CollArgs& a) { return d->run(g, a); };
 }
 
-void check_flat(const char* name) {
+void check_flat(const char* name, const ShmSetup* shm = nullptr) {
   for (int n = 1; n <= 8; ++n) {
-    check_cases(name, flat_nodes(n), small_cases(n), by_descriptor(name));
-    check_cases(name, flat_nodes(n), large_cases(), by_descriptor(name));
+    check_cases(name, flat_nodes(n), small_cases(n), by_descriptor(name), shm);
+    check_cases(name, flat_nodes(n), large_cases(), by_descriptor(name), shm);
   }
 }
 
 TEST(AllReduce, RingEveryDtypeOpSizeAndCount) { check_flat("ring"); }
 TEST(AllReduce, TreeEveryDtypeOpSizeAndCount) { check_flat("tree"); }
 TEST(AllReduce, RabenseifnerEveryDtypeOpSizeAndCount) { check_flat("rabenseifner"); }
+
+// The shared-memory window with one-page slots (counts from 1001 up run many
+// chunks and wrap the slot ring), two slots (the tightest ring), and the
+// default geometry (the small-message path up to 32 KiB, then one chunk).
+TEST(AllReduce, ShmEveryDtypeOpSizeAndCount) {
+  const ShmSetup tiny{4096, 3}, two{4096, 2}, standard{256 << 10, 4};
+  check_flat("shm", &tiny);
+  check_flat("shm", &standard);
+  for (int n : {2, 3, 5}) check_cases("shm two slots", flat_nodes(n), large_cases(), by_descriptor("shm"), &two);
+}
+
+TEST(AllReduce, ShmDeclinesGroupsWithoutAWindow) {
+  const AlgorithmDesc& d = algo("shm");
+  auto fabric = std::make_shared<testing::ThreadFabric>(4);
+  testing::ThreadTransport t(fabric, 0);
+  ScratchPool pool;
+  CollArgs a;
+  a.count = 100;
+  Group g = make_group(t, flat_nodes(4), 1, pool);
+  EXPECT_FALSE(d.supports(g, a));
+  // A window of other members (here: a two-node layout's node 0) does not fit
+  // the four-rank group either.
+  testing::ShmNodes nodes({0, 0, 1, 1});
+  const auto w = nodes.window(0);
+  g.attach_shm(w.get());
+  EXPECT_FALSE(d.supports(g, a));
+  Group g2 = make_group(t, {0, 0, 1, 1}, 1, pool);
+  g2.attach_shm(w.get());
+  EXPECT_FALSE(d.supports(g2, a));  // the whole group spans two nodes
+  const std::vector<int> local = {0, 1};
+  EXPECT_TRUE(d.supports(g2.subgroup(local, 1), a));  // its node-local part fits
+}
 
 // Small pipeline slices / chunks, including ones that are not a multiple of
 // the element size, so blocks are cut into many slices (some short or empty).
@@ -265,9 +311,14 @@ std::string layout_name(const std::vector<int>& nodes) {
 }
 
 TEST(AllReduce, HierarchicalOnUniformNodes) {
+  const ShmSetup tiny{4096, 3};
   for (const auto& nodes : kUniformLayouts) {
     check_cases(layout_name(nodes), nodes, small_cases(static_cast<int>(nodes.size())), by_descriptor("hierarchical"));
     check_cases(layout_name(nodes), nodes, large_cases(), by_descriptor("hierarchical"));
+    // With a window per node the intra-node phases go through shared memory.
+    check_cases(layout_name(nodes) + " shm", nodes, small_cases(static_cast<int>(nodes.size())),
+                by_descriptor("hierarchical"), &tiny);
+    check_cases(layout_name(nodes) + " shm", nodes, large_cases(), by_descriptor("hierarchical"), &tiny);
   }
   // Small slices through the intra-node phases.
   RunFn sliced = [](Group& g, const CollArgs& a) { return coll::allreduce_impl::hierarchical_allreduce(g, a, 100); };
@@ -328,7 +379,8 @@ Status naive_rotated_allreduce(Group& g, const CollArgs& a) {
 
 // Runs sum and prod of random, inexact floats (every float dtype) in place
 // and returns, per case, whether all ranks' outputs are bitwise equal.
-std::vector<bool> ranks_agree(const std::string& name, const RunFn& fn, const std::vector<int>& nodes) {
+std::vector<bool> ranks_agree(const std::string& name, const RunFn& fn, const std::vector<int>& nodes,
+                              const ShmSetup* shm = nullptr) {
   const DataType dts[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16};
   const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::prod};
   const std::size_t count = 4099;
@@ -336,8 +388,10 @@ std::vector<bool> ranks_agree(const std::string& name, const RunFn& fn, const st
   // outputs[case][rank]
   std::vector<std::vector<std::vector<std::byte>>> outputs(std::size(dts) * std::size(ops),
                                                            std::vector<std::vector<std::byte>>(nodes.size()));
+  const auto windows = make_shm(nodes, shm);
   testing::run_ranks(n, [&](detail::Transport& t, int rank) {
     ScratchPool pool;
+    const auto window = windows ? windows->window(rank) : nullptr;
     std::mt19937 rng(static_cast<unsigned>(1234 + rank));
     std::uniform_real_distribution<float> mag(0.5f, 2.0f);
     std::uniform_int_distribution<int> exp2(-8, 8), sign(0, 1);
@@ -366,6 +420,7 @@ std::vector<bool> ranks_agree(const std::string& name, const RunFn& fn, const st
         a.dt = dt;
         a.op = op;
         Group g = make_group(t, nodes, k + 1, pool);
+        g.attach_shm(window.get());
         const Status st = fn(g, a);
         ASSERT_TRUE(st.ok()) << name << " " << st.to_string();
         outputs[k][static_cast<std::size_t>(rank)] = std::move(buf);
@@ -405,6 +460,20 @@ TEST(AllReduce, RanksAgreeBitwiseOnInexactFloats) {
     const std::vector<bool> agree = ranks_agree(s.name, s.fn, s.nodes);
     for (std::size_t k = 0; k < agree.size(); ++k) {
       EXPECT_TRUE(agree[k]) << s.name << " n=" << s.nodes.size() << " case " << k << ": ranks differ";
+    }
+  }
+  // The shared-memory window: the small path (every rank reduces the whole
+  // buffer, in rank order) and the chunked one (share owners reduce).
+  const ShmSetup tiny{4096, 3}, standard{256 << 10, 4};
+  for (const ShmSetup* shm : {&tiny, &standard}) {
+    for (const Setup& s : {Setup{"shm", by_descriptor("shm"), flat_nodes(3)},
+                           Setup{"shm", by_descriptor("shm"), flat_nodes(8)},
+                           Setup{"hierarchical shm", by_descriptor("hierarchical"), {0, 0, 0, 1, 1, 1}}}) {
+      const std::vector<bool> agree = ranks_agree(s.name, s.fn, s.nodes, shm);
+      for (std::size_t k = 0; k < agree.size(); ++k) {
+        EXPECT_TRUE(agree[k]) << s.name << " n=" << s.nodes.size() << " slot=" << shm->slot_bytes << " case " << k
+                              << ": ranks differ";
+      }
     }
   }
   // The data must be order-sensitive for this to mean anything: a schedule

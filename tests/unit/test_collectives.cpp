@@ -2,7 +2,9 @@
 // in-process transport, against the shared descriptor's independent
 // reference (tests/support/coll_desc): every dtype, the reducing ops, group
 // sizes 1-8, counts 0, 1, 3, 1001 and one larger, in and out of place, every
-// root. Out of place the send buffer must come back untouched.
+// root. Out of place the send buffer must come back untouched. Every group
+// has a node-local shared-memory window with small slots (many chunks), so
+// the "shm" algorithms run here too.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -13,6 +15,7 @@
 
 #include "algorithm.hpp"
 #include "coll_desc.hpp"
+#include "shm_nodes.hpp"
 #include "thread_transport.hpp"
 
 namespace cclz {
@@ -34,11 +37,14 @@ Group make_group(detail::Transport& t, std::uint64_t seq, ScratchPool& pool) {
 // Runs one case on n threads; returns a description of the first failure.
 std::string run_case(const AlgorithmDesc& d, const testing::CollCase& c, bool in_place) {
   std::vector<std::string> errors(static_cast<std::size_t>(c.nranks));
+  const testing::ShmNodes shm(std::vector<int>(static_cast<std::size_t>(c.nranks), 0));
   testing::run_ranks(c.nranks, [&](detail::Transport& t, int rank) {
     std::string& err = errors[static_cast<std::size_t>(rank)];
     const std::size_t es = dtype_size(c.dt);
     ScratchPool pool;
     Group g = make_group(t, 1, pool);
+    const auto window = shm.window(rank);
+    g.attach_shm(window.get());
     CollArgs a;
     a.kind = c.kind;
     a.count = c.count;

@@ -1,0 +1,67 @@
+// Node-local all-gather over the shared-memory window (see
+// shm_pipeline.hpp). Chunk by chunk: (0) each rank copies its block's chunk
+// into its slot; (1) each rank copies every peer's chunk from the peer's
+// slot into its output. Also the last phase of the hierarchical all-reduce.
+//
+// Cost: 2 stages per chunk, chunks = block bytes / slot; per rank one block
+// read and the whole output written once.
+#include "shm_pipeline.hpp"
+
+namespace cclz::coll {
+
+namespace {
+constexpr std::size_t kStreamBytes = 4 << 20;  // outputs larger than this bypass the cache
+}
+
+Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const void* mine, void* dst,
+                       const allreduce_impl::BlockLayout& layout, std::size_t es) {
+  detail::ShmWindow& w = *g.shm();
+  const int n = g.size(), me = g.rank();
+  const std::size_t unit = line_elems(es);
+  std::size_t C = w.slot_bytes() / es;
+  C = std::max(unit, C / unit * unit);
+  const std::size_t block_max = layout.max_len();
+  if (block_max == 0) return {};
+  const std::size_t chunks = (block_max + C - 1) / C;
+  const auto* in = static_cast<const std::byte*>(mine);
+  auto* out = static_cast<std::byte*>(dst);
+  const bool own_in_place = in == out + layout.off(me) * es;
+  auto out_copy = layout.count * es > kStreamBytes ? copy_stream : copy;
+  auto piece = [&](int q, std::size_t c) {
+    const std::size_t len = layout.len(q), first = std::min(len, c * C);
+    return std::min(C, len - first);
+  };
+  auto body = [&](std::size_t c, std::uint64_t slot, int t) {
+    if (t == 0) {
+      const std::size_t m = piece(me, c);
+      if (m == 0) return;
+      copy(w.slot(me, slot), in + c * C * es, m * es);
+      if (!own_in_place) out_copy(out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
+    } else {
+      for (int q = 0; q < n; ++q) {
+        const std::size_t m = piece(q, c);
+        if (q != me && m != 0) out_copy(out + (layout.off(q) + c * C) * es, w.slot(q, slot), m * es);
+      }
+    }
+  };
+  return run_pipeline(g, sig, chunks, 2, body, [](int) { return Deps::all(); }, "all_gather");
+}
+
+namespace {
+
+Status run(Group& g, const CollArgs& a) {
+  if (a.count == 0) return {};
+  const allreduce_impl::BlockLayout layout{a.count * static_cast<std::size_t>(g.size()), g.size()};
+  return shm::all_gather(g, shm::call_sig(g, a, a.count), a.sendbuf, a.recvbuf, layout, a.elem_size());
+}
+
+bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
+
+}  // namespace
+
+extern const AlgorithmDesc allgather_shm;
+const AlgorithmDesc allgather_shm = {CollKind::all_gather, "shm",
+                                     "node-local shared memory: every rank copies the peers' blocks from their slots",
+                                     supports, run};
+
+}  // namespace cclz::coll

@@ -1,0 +1,52 @@
+// Node-local all-to-all over the shared-memory window (see
+// shm_pipeline.hpp). Chunk by chunk: (0) each rank copies the chunk's piece
+// of its block for every peer into its slot; (1) each rank copies the piece
+// addressed to it from every peer's slot into its output. In place works
+// too: stage 1 of a chunk overwrites only what stage 0 of that chunk has
+// already copied.
+//
+// Cost: 2 stages per chunk, chunks = block bytes / (slot / n); per rank the
+// input read once and the output written once.
+#include "shm_pipeline.hpp"
+
+namespace cclz::coll {
+namespace {
+
+constexpr std::size_t kStreamBytes = 4 << 20;
+
+Status run(Group& g, const CollArgs& a) {
+  if (a.count == 0) return {};
+  detail::ShmWindow& w = *g.shm();
+  const int n = g.size(), me = g.rank();
+  const std::size_t es = a.elem_size(), unit = shm::line_elems(es);
+  std::size_t C = w.slot_bytes() / static_cast<std::size_t>(n) / es;
+  C = std::max(unit, C / unit * unit);
+  const std::size_t chunks = (a.count + C - 1) / C;
+  const auto* in = static_cast<const std::byte*>(a.sendbuf);
+  auto* out = static_cast<std::byte*>(a.recvbuf);
+  auto out_copy = a.count * es * static_cast<std::size_t>(n) > kStreamBytes ? shm::copy_stream : shm::copy;
+  auto body = [&](std::size_t c, std::uint64_t slot, int t) {
+    const std::size_t first = c * C, m = std::min(C, a.count - first);
+    for (int q = 0; q < n; ++q) {
+      const std::size_t block = static_cast<std::size_t>(q) * a.count;
+      if (t == 0) {
+        shm::copy(w.slot(me, slot) + static_cast<std::size_t>(q) * C * es, in + (block + first) * es, m * es);
+      } else {
+        out_copy(out + (block + first) * es, w.slot(q, slot) + static_cast<std::size_t>(me) * C * es, m * es);
+      }
+    }
+  };
+  return shm::run_pipeline(g, shm::call_sig(g, a, a.count), chunks, 2, body, [](int) { return shm::Deps::all(); },
+                           "all_to_all");
+}
+
+bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
+
+}  // namespace
+
+extern const AlgorithmDesc alltoall_shm;
+const AlgorithmDesc alltoall_shm = {CollKind::all_to_all, "shm",
+                                    "node-local shared memory: every rank copies its blocks from the peers' slots",
+                                    supports, run};
+
+}  // namespace cclz::coll

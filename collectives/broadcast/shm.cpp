@@ -1,0 +1,48 @@
+// Node-local broadcast over the shared-memory window (see shm_pipeline.hpp).
+// Chunk by chunk: (0) the root copies its chunk into its slot; (1) every
+// other rank copies it out, waiting for the root only. Ranks run up to
+// `slots` chunks behind the root.
+//
+// Cost: 2 stages per chunk, chunks = bytes / slot; the root reads its input
+// once, every other rank writes its output once.
+#include "shm_pipeline.hpp"
+
+namespace cclz::coll {
+namespace {
+
+constexpr std::size_t kStreamBytes = 4 << 20;
+
+Status run(Group& g, const CollArgs& a) {
+  if (a.count == 0) return {};
+  detail::ShmWindow& w = *g.shm();
+  const int me = g.rank(), root = a.root;
+  const std::size_t es = a.elem_size(), unit = shm::line_elems(es);
+  std::size_t C = w.slot_bytes() / es;
+  C = std::max(unit, C / unit * unit);
+  const std::size_t chunks = (a.count + C - 1) / C;
+  const auto* in = static_cast<const std::byte*>(a.sendbuf);
+  auto* out = static_cast<std::byte*>(a.recvbuf);
+  auto out_copy = a.count * es > kStreamBytes ? shm::copy_stream : shm::copy;
+  auto body = [&](std::size_t c, std::uint64_t slot, int t) {
+    const std::size_t first = c * C, m = std::min(C, a.count - first);
+    if (t == 0 && me == root) {
+      shm::copy(w.slot(root, slot), in + first * es, m * es);
+      if (in != out) out_copy(out + first * es, in + first * es, m * es);
+    } else if (t == 1 && me != root) {
+      out_copy(out + first * es, w.slot(root, slot), m * es);
+    }
+  };
+  auto deps = [&](int) { return me == root ? shm::Deps::none() : shm::Deps::one(root); };
+  return shm::run_pipeline(g, shm::call_sig(g, a, a.count), chunks, 2, body, deps, "broadcast");
+}
+
+bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
+
+}  // namespace
+
+extern const AlgorithmDesc broadcast_shm;
+const AlgorithmDesc broadcast_shm = {CollKind::broadcast, "shm",
+                                     "node-local shared memory: the root stages chunks, the others copy them out",
+                                     supports, run};
+
+}  // namespace cclz::coll

@@ -1,0 +1,78 @@
+// Node-local reduce over the shared-memory window (see shm_pipeline.hpp).
+// Small buffers: every rank copies its input into its slot and the root
+// reduces all slots in rank order into its output. Larger, chunk by chunk:
+// (0) copy my chunk into my slot; (1) reduce my 1/n share of the chunk over
+// the n slots into my slot's result area; (2) the root copies every share's
+// result into its output. The same shares and order as the all-reduce, so
+// both give the same bits.
+//
+// Cost: 2 or 3 stages per chunk, chunks = bytes / (slot * n/(n+1)).
+#include "allreduce/common.hpp"
+#include "shm_pipeline.hpp"
+
+namespace cclz::coll {
+namespace {
+
+constexpr std::size_t kSmallBytes = 32 << 10;
+
+Status run(Group& g, const CollArgs& a) {
+  if (a.count == 0) return {};
+  detail::ShmWindow& w = *g.shm();
+  const int n = g.size(), me = g.rank(), root = a.root;
+  const std::size_t es = a.elem_size(), bytes = a.count * es;
+  const auto* src = static_cast<const std::byte*>(a.sendbuf);
+  auto* dst = static_cast<std::byte*>(a.recvbuf);
+  const auto sig = shm::call_sig(g, a, a.count);
+  std::vector<const void*> srcs(static_cast<std::size_t>(n));
+  // Non-roots wait for nobody after copying in: only the root reads.
+  auto root_waits = [&](int) { return me == root ? shm::Deps::all() : shm::Deps::none(); };
+
+  if (bytes <= kSmallBytes && bytes <= w.slot_bytes()) {
+    auto body = [&](std::size_t, std::uint64_t slot, int t) {
+      if (t == 0) {
+        shm::copy(w.slot(me, slot), src, bytes);
+      } else if (me == root) {
+        for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = w.slot(q, slot);
+        kernels::reduce_many(dst, srcs, a.count, a.dt, a.op);
+      }
+    };
+    return shm::run_pipeline(g, sig, 1, 2, body, root_waits, "reduce");
+  }
+
+  const std::size_t unit = shm::line_elems(es) * static_cast<std::size_t>(n);
+  std::size_t C = (w.slot_bytes() - 128) / es * static_cast<std::size_t>(n) / static_cast<std::size_t>(n + 1);
+  C = std::max(unit, C / unit * unit);
+  const std::size_t result_off = (C * es + 63) / 64 * 64;
+  const std::size_t chunks = (a.count + C - 1) / C;
+  auto body = [&](std::size_t c, std::uint64_t slot, int t) {
+    const std::size_t first = c * C, len = std::min(C, a.count - first);
+    const shm::Shares sh{len, shm::line_elems(es), n};
+    if (t == 0) {
+      shm::copy(w.slot(me, slot), src + first * es, len * es);
+    } else if (t == 1) {
+      if (sh.size(me) == 0) return;
+      for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = w.slot(q, slot) + sh.off(me) * es;
+      kernels::reduce_many(w.slot(me, slot) + result_off, srcs, sh.size(me), a.dt, a.op);
+    } else if (me == root) {
+      for (int q = 0; q < n; ++q) {
+        if (sh.size(q) != 0) {
+          shm::copy(dst + (first + sh.off(q)) * es, w.slot(q, slot) + result_off, sh.size(q) * es);
+        }
+      }
+    }
+  };
+  // Stage 1 reads every slot; stage 2 only the root reads the results.
+  auto deps = [&](int t) { return t == 1 ? shm::Deps::all() : root_waits(t); };
+  return shm::run_pipeline(g, sig, chunks, 3, body, deps, "reduce");
+}
+
+bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
+
+}  // namespace
+
+extern const AlgorithmDesc reduce_shm;
+const AlgorithmDesc reduce_shm = {CollKind::reduce, "shm",
+                                  "node-local shared memory: shares reduced from the peers' slots, gathered by the root",
+                                  supports, run};
+
+}  // namespace cclz::coll

@@ -1,0 +1,131 @@
+// The driver every node-local shared-memory algorithm runs on (the
+// collectives' "shm" algorithms, and the intra-node phases of hierarchical).
+//
+// A call is cut into chunks that fit one staging slot; each chunk goes
+// through a few stages (typically: copy my part into my slot; read the
+// others' slots). Before the first stage of a chunk the rank waits until its
+// slot is free (every rank is done with the chunk that used it `slots`
+// chunks ago); before stage t > 0 it waits for the stage t-1 of the ranks
+// that stage reads from. So ranks run up to `slots` chunks apart, copying in
+// while others are still reading, and a chunk's data is read from the shared
+// cache soon after it was written.
+//
+// Every call also publishes what it is (CallSig) in its first chunk's slot,
+// and compares the peers' once it has waited for them: ranks that disagree
+// on the collective or its count get invalid_usage instead of mixing data.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "algorithm.hpp"
+#include "allreduce/common.hpp"
+#include "shm_window.hpp"
+
+namespace cclz::coll::shm {
+
+// Which ranks a stage waits for, after the previous stage.
+struct Deps {
+  enum class Kind { all, none, one } kind = Kind::all;
+  int rank = -1;
+  static Deps all() { return {}; }
+  static Deps none() { return {Kind::none, -1}; }
+  static Deps one(int r) { return {Kind::one, r}; }
+};
+
+// The CallSig of a collective call (kind, dtype, op, root, count).
+inline detail::ShmWindow::CallSig call_sig(const Group& g, const CollArgs& a, std::size_t count) {
+  const auto shape = static_cast<std::uint64_t>(a.kind) | (static_cast<std::uint64_t>(a.dt) << 8) |
+                     (static_cast<std::uint64_t>(a.op) << 16) | (static_cast<std::uint64_t>(a.root) << 24);
+  return {g.seq(), shape, count};
+}
+
+Status sig_mismatch(const Group& g, int peer, const detail::ShmWindow::CallSig& mine,
+                    const detail::ShmWindow::CallSig& theirs);
+
+// Runs `chunks` chunks of `stages` stages (1..kStages). body(c, slot, t)
+// does stage t of chunk c (0-based within this call); `slot` is the global
+// chunk number to pass to ShmWindow::slot(). deps(t) says whom stage t > 0
+// waits for. The caller must have checked g.shm() != nullptr.
+template <class Body, class DepsFn>
+Status run_pipeline(Group& g, const detail::ShmWindow::CallSig& sig, std::size_t chunks, int stages, Body&& body,
+                    DepsFn&& deps, const char* name) {
+  detail::ShmWindow& w = *g.shm();
+  constexpr auto K = static_cast<std::uint64_t>(detail::ShmWindow::kStages);
+  const auto slots = static_cast<std::uint64_t>(w.slots());
+  const std::uint64_t first = w.next_chunk();
+  const std::function<void()> idle = [&g] { g.progress_transport(); };
+  int me_only[1] = {0};
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const std::uint64_t G = first + c;
+    for (int t = 0; t < stages; ++t) {
+      Status st;
+      if (t == 0) {
+        if (G >= slots) st = w.wait({}, K * (G - slots + 1), g.deadline(), idle, name);
+        if (st.ok() && c == 0) w.set_call_sig(G, sig);
+      } else {
+        const Deps d = deps(t);
+        if (d.kind == Deps::Kind::all) {
+          st = w.wait({}, K * G + static_cast<std::uint64_t>(t), g.deadline(), idle, name);
+        } else if (d.kind == Deps::Kind::one) {
+          me_only[0] = d.rank;
+          st = w.wait(me_only, K * G + static_cast<std::uint64_t>(t), g.deadline(), idle, name);
+        }
+        // The first wait on peers of this call: check that they run the same call.
+        if (st.ok() && c == 0 && t == 1) {
+          for (int r = 0; r < g.size(); ++r) {
+            if (r == g.rank() || (d.kind == Deps::Kind::one && r != d.rank) || d.kind == Deps::Kind::none) continue;
+            const auto theirs = w.call_sig(r, G);
+            if (!(theirs == sig)) st = sig_mismatch(g, r, sig, theirs);
+            if (!st.ok()) break;
+          }
+        }
+      }
+      if (!st.ok()) return st;
+      body(c, G, t);
+      w.publish(t + 1 == stages ? K * (G + 1) : K * G + static_cast<std::uint64_t>(t) + 1);
+    }
+  }
+  w.advance(chunks);
+  return {};
+}
+
+// `len` elements shared by `n` ranks in whole units of `unit` elements (a
+// cache line), the first shares one unit longer; the last non-empty share is
+// cut at len. Every rank computes the same split.
+struct Shares {
+  std::size_t len = 0, unit = 1;
+  int n = 1;
+  std::size_t off(int r) const noexcept {
+    const std::size_t units = (len + unit - 1) / unit, per = units / static_cast<std::size_t>(n),
+                      extra = units % static_cast<std::size_t>(n);
+    const auto ur = static_cast<std::size_t>(r);
+    return std::min(len, unit * (per * ur + std::min(ur, extra)));
+  }
+  std::size_t size(int r) const noexcept { return off(r + 1) - off(r); }
+};
+
+// Elements per cache line for this element size (at least 1).
+inline std::size_t line_elems(std::size_t es) { return std::max<std::size_t>(1, 64 / es); }
+
+// Copies n bytes; large copies into memory the caller will not read soon
+// may bypass the cache (see shm_pipeline.cpp).
+void copy(void* dst, const void* src, std::size_t n) noexcept;
+void copy_stream(void* dst, const void* src, std::size_t n) noexcept;
+
+// The node-local phases hierarchical algorithms are built from (defined in
+// reduce_scatter/shm.cpp and allgather/shm.cpp). `layout` gives every rank's
+// block of the whole buffer. reduce_scatter reduces block `me` of every
+// rank's `src` into `mine` (which may be src's own block: in place);
+// all_gather copies every rank's `mine` to its block of `dst` (`mine` may be
+// dst's own block). `sig` identifies the call (see call_sig).
+Status reduce_scatter(Group& g, const detail::ShmWindow::CallSig& sig, const void* src, void* mine,
+                      const allreduce_impl::BlockLayout& layout, DataType dt, ReduceOp op);
+Status all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const void* mine, void* dst,
+                  const allreduce_impl::BlockLayout& layout, std::size_t es);
+
+}  // namespace cclz::coll::shm

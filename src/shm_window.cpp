@@ -1,0 +1,388 @@
+#include "shm_window.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <random>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace cclz::detail {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x636c7a73686d3031ULL;  // "clzshm01"
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kLine = 64;
+
+// Layout: Header (one page), then one RankCtl per rank, then one CallSig line
+// per (rank, slot), then the data (page aligned), rank-major.
+struct Header {
+  std::uint64_t magic;
+  std::int32_t local_size;
+  std::int32_t slots;
+  std::uint64_t slot_bytes;
+  std::uint64_t total_bytes;
+};
+
+struct alignas(kLine) RankCtl {
+  // Line 0: read by every waiter, written by its owner only.
+  std::atomic<std::uint64_t> progress;
+  char pad0[kLine - sizeof(std::atomic<std::uint64_t>)];
+  // Line 1: the futex word and its bookkeeping.
+  std::atomic<std::uint32_t> event;
+  std::atomic<std::uint32_t> sleepers;
+  std::atomic<std::uint32_t> aborted;
+  std::atomic<std::int32_t> pid;
+  char pad1[kLine - 4 * sizeof(std::uint32_t)];
+};
+static_assert(sizeof(RankCtl) == 2 * kLine);
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free);
+
+struct alignas(kLine) SigLine {
+  ShmWindow::CallSig sig;
+};
+
+std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+
+struct Offsets {
+  std::size_t ctl, sig, data, total;
+};
+
+Offsets offsets(const ShmWindow::Geometry& g) {
+  Offsets o{};
+  const auto L = static_cast<std::size_t>(g.local_size), S = static_cast<std::size_t>(g.slots);
+  o.ctl = kPage;
+  o.sig = o.ctl + L * sizeof(RankCtl);
+  o.data = round_up(o.sig + L * S * sizeof(SigLine), kPage);
+  o.total = o.data + L * S * g.slot_bytes;
+  return o;
+}
+
+Status errno_status(const std::string& what) {
+  return {Result::system_error, what + ": " + std::strerror(errno)};
+}
+
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, val, ts, nullptr, 0);
+}
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+}  // namespace
+
+class ShmSegment {
+ public:
+  ShmSegment(std::byte* base, std::size_t bytes) : base_(base), bytes_(bytes) {}
+  ~ShmSegment() { munmap(base_, bytes_); }
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  Header& header() const { return *reinterpret_cast<Header*>(base_); }
+  RankCtl& ctl(int r) const {
+    return reinterpret_cast<RankCtl*>(base_ + offsets(geometry()).ctl)[r];
+  }
+  SigLine& sig(int r, std::uint64_t s) const {
+    const Header& h = header();
+    const auto idx = static_cast<std::size_t>(r) * static_cast<std::size_t>(h.slots) +
+                     static_cast<std::size_t>(s % static_cast<std::uint64_t>(h.slots));
+    return reinterpret_cast<SigLine*>(base_ + sig_off_)[idx];
+  }
+  std::byte* slot(int r, std::uint64_t s) const {
+    const Header& h = header();
+    const auto idx = static_cast<std::size_t>(r) * static_cast<std::size_t>(h.slots) +
+                     static_cast<std::size_t>(s % static_cast<std::uint64_t>(h.slots));
+    return base_ + data_off_ + idx * h.slot_bytes;
+  }
+  ShmWindow::Geometry geometry() const {
+    const Header& h = header();
+    return {h.local_size, h.slot_bytes, h.slots};
+  }
+  void cache_offsets() {
+    const Offsets o = offsets(geometry());
+    sig_off_ = o.sig;
+    data_off_ = o.data;
+  }
+
+  // Placement-constructs the header and control blocks of a fresh mapping.
+  void init(const ShmWindow::Geometry& g, std::size_t total) {
+    auto* h = new (base_) Header{kMagic, g.local_size, g.slots, g.slot_bytes, total};
+    (void)h;
+    const Offsets o = offsets(g);
+    for (int r = 0; r < g.local_size; ++r) {
+      auto* c = new (base_ + o.ctl + static_cast<std::size_t>(r) * sizeof(RankCtl)) RankCtl;
+      c->progress.store(0, std::memory_order_relaxed);
+      c->event.store(0, std::memory_order_relaxed);
+      c->sleepers.store(0, std::memory_order_relaxed);
+      c->aborted.store(0, std::memory_order_relaxed);
+      c->pid.store(0, std::memory_order_relaxed);
+    }
+    cache_offsets();
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+
+ private:
+  std::byte* base_;
+  std::size_t bytes_;
+  std::size_t sig_off_ = 0, data_off_ = 0;
+};
+
+namespace {
+
+Status check_geometry(const ShmWindow::Geometry& g) {
+  if (g.local_size < 1 || g.local_size > 4096 || g.slots < 1 || g.slots > 64 || g.slot_bytes == 0 ||
+      g.slot_bytes % kPage != 0 || g.slot_bytes > (std::size_t{1} << 30)) {
+    return {Result::invalid_argument, "shared-memory window: bad geometry (" + std::to_string(g.local_size) +
+                                          " ranks, " + std::to_string(g.slots) + " slots of " +
+                                          std::to_string(g.slot_bytes) + " bytes)"};
+  }
+  return {};
+}
+
+}  // namespace
+
+Status ShmWindow::create_named(const Geometry& g, std::string* name, std::shared_ptr<ShmSegment>* out) {
+  if (Status st = check_geometry(g); !st.ok()) return st;
+  const std::size_t total = offsets(g).total;
+  std::random_device rd;
+  int fd = -1;
+  std::string n;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    n = "/cclz-" + std::to_string(getpid()) + "-" + std::to_string(rd());
+    fd = shm_open(n.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno != EEXIST) return errno_status("shm_open " + n);
+  }
+  if (fd < 0) return errno_status("shm_open " + n);
+  // posix_fallocate reserves the pages now, so a full /dev/shm is an error
+  // here rather than a SIGBUS in the middle of a collective.
+  int rc = ftruncate(fd, static_cast<off_t>(total));
+  if (rc == 0) rc = posix_fallocate(fd, 0, static_cast<off_t>(total)) == 0 ? 0 : -1;
+  if (rc != 0) {
+    Status st = errno_status("sizing shared memory " + n + " to " + std::to_string(total) + " bytes");
+    if (errno == 0 || errno == ENOSPC) st = {Result::system_error, "no room in /dev/shm for " + std::to_string(total) +
+                                                                       " bytes (" + n + ")"};
+    close(fd);
+    shm_unlink(n.c_str());
+    return st;
+  }
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    Status st = errno_status("mmap " + n);
+    shm_unlink(n.c_str());
+    return st;
+  }
+  auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), total);
+  seg->init(g, total);
+  *name = n;
+  *out = std::move(seg);
+  return {};
+}
+
+Status ShmWindow::open_named(const std::string& name, std::shared_ptr<ShmSegment>* out) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) return errno_status("shm_open " + name);
+  struct stat sb {};
+  if (fstat(fd, &sb) != 0 || sb.st_size < static_cast<off_t>(kPage)) {
+    close(fd);
+    return {Result::system_error, "shared memory " + name + " is too small"};
+  }
+  const auto bytes = static_cast<std::size_t>(sb.st_size);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return errno_status("mmap " + name);
+  auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), bytes);
+  const Header& h = seg->header();
+  if (h.magic != kMagic || h.total_bytes != bytes || !check_geometry(seg->geometry()).ok()) {
+    return {Result::system_error, "shared memory " + name + " is not a cclz window"};
+  }
+  seg->cache_offsets();
+  *out = std::move(seg);
+  return {};
+}
+
+void ShmWindow::unlink_named(const std::string& name) noexcept { shm_unlink(name.c_str()); }
+
+Status ShmWindow::create_anonymous(const Geometry& g, std::shared_ptr<ShmSegment>* out) {
+  if (Status st = check_geometry(g); !st.ok()) return st;
+  const std::size_t total = offsets(g).total;
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return errno_status("mmap of " + std::to_string(total) + " bytes");
+  auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), total);
+  seg->init(g, total);
+  *out = std::move(seg);
+  return {};
+}
+
+ShmWindow::ShmWindow(std::shared_ptr<ShmSegment> seg, std::vector<int> members, int index, int host_ranks)
+    : seg_(std::move(seg)),
+      members_(std::move(members)),
+      index_(index),
+      oversubscribed_(host_ranks > usable_cpus()),
+      pidfds_(members_.size(), -2),
+      pids_(members_.size(), 0) {
+  seg_->ctl(index_).pid.store(static_cast<std::int32_t>(getpid()), std::memory_order_release);
+}
+
+ShmWindow::~ShmWindow() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+std::size_t ShmWindow::slot_bytes() const noexcept { return seg_->header().slot_bytes; }
+int ShmWindow::slots() const noexcept { return seg_->header().slots; }
+std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept { return seg_->slot(r, s); }
+
+std::uint64_t ShmWindow::progress(int r) const noexcept {
+  return seg_->ctl(r).progress.load(std::memory_order_acquire);
+}
+
+void ShmWindow::publish(std::uint64_t value) noexcept {
+  RankCtl& c = seg_->ctl(index_);
+  c.progress.store(value, std::memory_order_release);
+  c.event.fetch_add(1, std::memory_order_seq_cst);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) futex(&c.event, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void ShmWindow::set_call_sig(std::uint64_t slot, const CallSig& sig) noexcept { seg_->sig(index_, slot).sig = sig; }
+
+ShmWindow::CallSig ShmWindow::call_sig(int r, std::uint64_t slot) const noexcept { return seg_->sig(r, slot).sig; }
+
+void ShmWindow::fail(const Status& why) {
+  if (failed_.load(std::memory_order_acquire)) return;
+  fail_status_ = why;
+  failed_.store(true, std::memory_order_release);
+  seg_->ctl(index_).aborted.store(1, std::memory_order_seq_cst);
+  for (int r = 0; r < size(); ++r) {
+    RankCtl& c = seg_->ctl(r);
+    c.event.fetch_add(1, std::memory_order_seq_cst);
+    futex(&c.event, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+bool ShmWindow::rank_gone(int r, std::string* why) {
+  const auto i = static_cast<std::size_t>(r);
+  if (r == index_) return false;
+  if (pidfds_[i] == -2) {
+    pids_[i] = seg_->ctl(r).pid.load(std::memory_order_acquire);
+    if (pids_[i] == 0) return false;  // not attached yet
+    pidfds_[i] = -1;
+    if (pids_[i] != getpid()) pidfds_[i] = static_cast<int>(syscall(SYS_pidfd_open, pids_[i], 0));
+    if (pidfds_[i] < 0 && pids_[i] != getpid() && kill(pids_[i], 0) != 0 && errno == ESRCH) {
+      *why = "its process (pid " + std::to_string(pids_[i]) + ") has exited";
+      return true;
+    }
+  }
+  if (pidfds_[i] >= 0) {
+    pollfd p{pidfds_[i], POLLIN, 0};
+    if (poll(&p, 1, 0) > 0) {
+      *why = "its process (pid " + std::to_string(pids_[i]) + ") has exited";
+      return true;
+    }
+  } else if (pids_[i] != getpid() && kill(pids_[i], 0) != 0 && errno == ESRCH) {
+    *why = "its process (pid " + std::to_string(pids_[i]) + ") has exited";
+    return true;
+  }
+  return false;
+}
+
+Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::time_point deadline,
+                       const std::function<void()>& idle, const char* what) {
+  const int n = ranks.empty() ? size() : static_cast<int>(ranks.size());
+  auto rank_at = [&](int i) { return ranks.empty() ? i : ranks[static_cast<std::size_t>(i)]; };
+  int lag = 0;  // the first rank not there yet; earlier ones stay there (monotonic)
+  auto ready = [&] {
+    for (; lag < n; ++lag) {
+      if (seg_->ctl(rank_at(lag)).progress.load(std::memory_order_acquire) < value) return false;
+    }
+    return true;
+  };
+  if (ready()) return {};
+  auto local_failure = [&]() -> bool { return failed_.load(std::memory_order_acquire); };
+  auto peer_status = [&](int r, const std::string& cause) {
+    return Status(Result::remote_error, "rank " + std::to_string(members_[static_cast<std::size_t>(r)]) + " " +
+                                            cause + " (node-local " + what + ")");
+  };
+
+  // Spin while the ranks fit on the cores: the peer is usually microseconds
+  // away, and a sleep/wake pair costs more than that.
+  if (!oversubscribed_) {
+    const auto spin_end = Clock::now() + std::chrono::microseconds(50);
+    for (int i = 1;; ++i) {
+      cpu_relax();
+      if (ready()) return {};
+      if ((i & 255) == 0 && (local_failure() || Clock::now() >= spin_end)) break;
+    }
+  }
+  // Yield: with more ranks than cores this hands the core to a peer.
+  {
+    const auto yield_end = Clock::now() + std::chrono::microseconds(oversubscribed_ ? 100 : 1000);
+    while (!local_failure() && Clock::now() < yield_end) {
+      sched_yield();
+      if (ready()) return {};
+    }
+  }
+  // Sleep on the lagging rank's futex, checking for failures between naps.
+  for (;;) {
+    if (local_failure()) return fail_status_;
+    for (int r = 0; r < size(); ++r) {
+      if (r != index_ && seg_->ctl(r).aborted.load(std::memory_order_acquire) != 0) {
+        return peer_status(r, "stopped: its communicator failed or was aborted");
+      }
+    }
+    const int target = rank_at(lag);
+    std::string why;
+    if (rank_gone(target, &why)) return peer_status(target, "failed: " + why);
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      std::string who;
+      for (int i = lag; i < n; ++i) {
+        const int r = rank_at(i);
+        if (seg_->ctl(r).progress.load(std::memory_order_acquire) < value) {
+          who += (who.empty() ? "" : ", ") + std::to_string(members_[static_cast<std::size_t>(r)]);
+        }
+      }
+      return {Result::timeout, std::string("timed out in the node-local ") + what + " waiting for rank(s) " + who};
+    }
+    RankCtl& c = seg_->ctl(target);
+    const std::uint32_t ev = c.event.load(std::memory_order_seq_cst);
+    if (ready()) return {};
+    if (rank_at(lag) != target) continue;
+    c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (c.progress.load(std::memory_order_seq_cst) < value) {
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+      const long nap = std::min<long long>(left, 1'000'000);
+      const timespec ts{0, nap};
+      futex(&c.event, FUTEX_WAIT, ev, &ts);
+    }
+    c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (ready()) return {};
+    if (idle) idle();
+  }
+}
+
+}  // namespace cclz::detail

@@ -1,0 +1,129 @@
+// Node-local shared-memory window: the intra-host path of the collectives.
+//
+// The L ranks of one node map one segment. Each rank owns `slots` staging
+// buffers of `slot_bytes` (a ring the pipelined collectives cycle through)
+// and a control block with one monotonically growing progress counter.
+// Collectives copy a chunk of their input into their own slot, publish, and
+// read the other ranks' slots directly (reducing while the data is still in
+// the shared last-level cache), so a byte crosses the memory bus about as
+// often as the memory roofline allows instead of travelling through a
+// transport's send and receive copies.
+//
+// Progress protocol. Every collective on the window is a sequence of chunks
+// numbered globally (the same numbers on every rank, since every rank runs
+// the same collectives with the same counts). A chunk has up to kStages
+// stages; after stage t of chunk c a rank publishes kStages*c + t + 1, and
+// after its last stage kStages*(c+1). A slot may be rewritten for chunk c
+// once every rank has published kStages*(c - slots + 1) (done with the
+// chunk that used it last). Waiting spins briefly when the node's ranks fit
+// on its cores, yields, then sleeps on a futex in the waited-for rank's
+// control block; a publisher wakes sleepers only when there are any.
+//
+// Failure. A wait ends with remote_error when a waited-for rank's process
+// has exited (pidfd, checked while sleeping) or has aborted (a flag in its
+// control block), with timeout at the deadline, and with the local failure
+// after fail(). The caller poisons the communicator: after an error the
+// counters are out of step and the window is not used again.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cclz/types.hpp"
+#include "transport.hpp"
+
+namespace cclz::detail {
+
+class ShmSegment;
+
+class ShmWindow {
+ public:
+  static constexpr int kStages = 4;
+
+  struct Geometry {
+    int local_size = 0;
+    std::size_t slot_bytes = 0;  // multiple of 4096
+    int slots = 0;
+  };
+
+  // What a rank's collective call was, compared across ranks so that a count
+  // mismatch is an error rather than a desynchronised window.
+  struct CallSig {
+    std::uint64_t seq = 0;
+    std::uint64_t shape = 0;  // kind, dtype, op, root packed
+    std::uint64_t count = 0;
+    bool operator==(const CallSig&) const = default;
+  };
+
+  // A named segment for processes: the creator makes and sizes it and gets
+  // its name; the others open it by name; once all have it open the creator
+  // unlinks the name (the mapping lives on). Errors: system_error with errno.
+  static Status create_named(const Geometry& g, std::string* name, std::shared_ptr<ShmSegment>* out);
+  static Status open_named(const std::string& name, std::shared_ptr<ShmSegment>* out);
+  static void unlink_named(const std::string& name) noexcept;
+  // One anonymous shared mapping for ranks that are threads of one process.
+  static Status create_anonymous(const Geometry& g, std::shared_ptr<ShmSegment>* out);
+
+  // `members`: the communicator ranks of the node in local order; `index`:
+  // this rank's position in it; `host_ranks`: how many of the
+  // communicator's processes share this host (more than the cores: waits
+  // never spin). Records this process in the control block.
+  ShmWindow(std::shared_ptr<ShmSegment> seg, std::vector<int> members, int index, int host_ranks);
+  ~ShmWindow();
+  ShmWindow(const ShmWindow&) = delete;
+  ShmWindow& operator=(const ShmWindow&) = delete;
+
+  int size() const noexcept { return static_cast<int>(members_.size()); }
+  int index() const noexcept { return index_; }
+  const std::vector<int>& members() const noexcept { return members_; }
+  std::size_t slot_bytes() const noexcept;
+  int slots() const noexcept;
+  // Whether the node's ranks outnumber its cores (then waits never spin).
+  bool oversubscribed() const noexcept { return oversubscribed_; }
+
+  // Slot `s` of local rank `r` (s taken modulo slots()).
+  std::byte* slot(int r, std::uint64_t s) const noexcept;
+
+  // The global number of the next chunk; the caller advances it by the
+  // chunks it used, identically on every rank.
+  std::uint64_t next_chunk() const noexcept { return next_chunk_; }
+  void advance(std::uint64_t chunks) noexcept { next_chunk_ += chunks; }
+
+  // Publishes this rank's progress (monotonic) and wakes sleepers.
+  void publish(std::uint64_t value) noexcept;
+  std::uint64_t progress(int r) const noexcept;
+
+  // Waits until every rank in `ranks` (all ranks when empty) has published
+  // at least `value`. `idle` runs about every millisecond while sleeping
+  // (the transport's progress). `what` names the step in errors.
+  Status wait(std::span<const int> ranks, std::uint64_t value, Clock::time_point deadline,
+              const std::function<void()>& idle, const char* what);
+
+  void set_call_sig(std::uint64_t slot, const CallSig& sig) noexcept;
+  CallSig call_sig(int r, std::uint64_t slot) const noexcept;
+
+  // Makes every pending and later wait() of this rank fail with `why`, and
+  // marks this rank aborted so that peers waiting on it stop too.
+  void fail(const Status& why);
+
+ private:
+  bool rank_gone(int r, std::string* why);
+
+  std::shared_ptr<ShmSegment> seg_;
+  std::vector<int> members_;
+  int index_;
+  bool oversubscribed_;
+  std::uint64_t next_chunk_ = 0;
+  std::vector<int> pidfds_;  // per local rank; -1 for this process or when unavailable
+  std::vector<int> pids_;
+  std::atomic<bool> failed_{false};
+  Status fail_status_;  // written before failed_ is set
+};
+
+}  // namespace cclz::detail
