@@ -23,32 +23,35 @@ std::byte* ScratchPool::get(int slot, std::size_t bytes) {
   return b.mem.get() + ((64 - p % 64) % 64);
 }
 
-Group::Group(detail::Transport& t, std::vector<int> members, std::vector<int> node_of_member, int my_index,
-             std::uint64_t seq, detail::Clock::time_point deadline, ScratchPool& scratch, int space)
-    : t_(&t),
-      members_(std::move(members)),
-      nodes_(std::move(node_of_member)),
-      me_(my_index),
-      seq_(seq),
-      deadline_(deadline),
-      scratch_(&scratch),
-      space_(space) {
-  assert(members_.size() == nodes_.size());
+std::shared_ptr<const Group::Shape> Group::make_shape(std::vector<int> members, std::vector<int> node_of_member) {
+  assert(members.size() == node_of_member.size());
+  auto sh = std::make_shared<Shape>();
+  sh->members = std::move(members);
+  sh->nodes = std::move(node_of_member);
   // Renumber nodes densely in order of first appearance so sub-groups see
   // 0..num_nodes-1 whatever the communicator's numbering was.
   std::map<int, int> dense;
   std::map<int, int> per_node;
-  for (int& n : nodes_) {
+  for (int& n : sh->nodes) {
     auto it = dense.try_emplace(n, static_cast<int>(dense.size())).first;
     n = it->second;
     ++per_node[n];
   }
-  num_nodes_ = std::max<int>(1, static_cast<int>(dense.size()));
-  nodes_uniform_ = true;
+  sh->num_nodes = std::max<int>(1, static_cast<int>(dense.size()));
+  sh->nodes_uniform = true;
   for (auto& [n, c] : per_node) {
-    if (c != per_node.begin()->second) nodes_uniform_ = false;
+    if (c != per_node.begin()->second) sh->nodes_uniform = false;
   }
+  return sh;
 }
+
+Group::Group(detail::Transport& t, std::vector<int> members, std::vector<int> node_of_member, int my_index,
+             std::uint64_t seq, detail::Clock::time_point deadline, ScratchPool& scratch, int space)
+    : Group(t, make_shape(std::move(members), std::move(node_of_member)), my_index, seq, deadline, scratch, space) {}
+
+Group::Group(detail::Transport& t, std::shared_ptr<const Shape> shape, int my_index, std::uint64_t seq,
+             detail::Clock::time_point deadline, ScratchPool& scratch, int space)
+    : t_(&t), shape_(std::move(shape)), me_(my_index), seq_(seq), deadline_(deadline), scratch_(&scratch), space_(space) {}
 
 std::uint64_t Group::make_tag(std::uint32_t tag) const noexcept {
   const std::uint64_t step = tag & ((1u << kStepTagBits) - 1);
@@ -104,8 +107,8 @@ Group Group::subgroup(std::span<const int> indices, int space) const {
   int me = -1;
   for (int i : indices) {
     if (i == me_) me = static_cast<int>(members.size());
-    members.push_back(members_[static_cast<std::size_t>(i)]);
-    nodes.push_back(nodes_[static_cast<std::size_t>(i)]);
+    members.push_back(shape_->members[static_cast<std::size_t>(i)]);
+    nodes.push_back(shape_->nodes[static_cast<std::size_t>(i)]);
   }
   assert(me >= 0);
   Group sub(*t_, std::move(members), std::move(nodes), me, seq_, deadline_, *scratch_, space);
@@ -115,7 +118,7 @@ Group Group::subgroup(std::span<const int> indices, int space) const {
 
 void Group::attach_shm(detail::ShmWindow* w) noexcept {
   shm_ = w;
-  shm_usable_ = w != nullptr && w->members() == members_ && w->index() == me_;
+  shm_usable_ = w != nullptr && w->index() == me_ && w->members() == shape_->members;
 }
 
 }  // namespace cclz::coll

@@ -42,16 +42,30 @@ class Group {
   static constexpr int kSpaceBits = 4;
   static constexpr int kSeqBits = detail::Transport::kTagBits - kStepTagBits - kSpaceBits;
 
+  // Who the members are: transport ranks and their nodes (renumbered
+  // densely), computed once and shared by every Group over the same ranks.
+  struct Shape {
+    std::vector<int> members;
+    std::vector<int> nodes;
+    int num_nodes = 1;
+    bool nodes_uniform = true;
+  };
+  static std::shared_ptr<const Shape> make_shape(std::vector<int> members, std::vector<int> node_of_member);
+
   Group(detail::Transport& t, std::vector<int> members, std::vector<int> node_of_member, int my_index,
         std::uint64_t seq, detail::Clock::time_point deadline, ScratchPool& scratch, int space = 0);
+  // Over a shape made once (the communicator's per-call groups: no
+  // allocation on the call path).
+  Group(detail::Transport& t, std::shared_ptr<const Shape> shape, int my_index, std::uint64_t seq,
+        detail::Clock::time_point deadline, ScratchPool& scratch, int space = 0);
 
   int rank() const noexcept { return me_; }
-  int size() const noexcept { return static_cast<int>(members_.size()); }
-  int global_rank(int r) const noexcept { return members_[static_cast<std::size_t>(r)]; }
-  int node_of(int r) const noexcept { return nodes_[static_cast<std::size_t>(r)]; }
-  int num_nodes() const noexcept { return num_nodes_; }
+  int size() const noexcept { return static_cast<int>(shape_->members.size()); }
+  int global_rank(int r) const noexcept { return shape_->members[static_cast<std::size_t>(r)]; }
+  int node_of(int r) const noexcept { return shape_->nodes[static_cast<std::size_t>(r)]; }
+  int num_nodes() const noexcept { return shape_->num_nodes; }
   // True when every node holds the same number of this group's ranks.
-  bool nodes_uniform() const noexcept { return nodes_uniform_; }
+  bool nodes_uniform() const noexcept { return shape_->nodes_uniform; }
 
   // Blocking helpers: post, then wait with back-off until done, error or the
   // collective's deadline. On error every unfinished op is cancelled.
@@ -88,15 +102,12 @@ class Group {
   std::uint64_t make_tag(std::uint32_t tag) const noexcept;
 
   detail::Transport* t_;
-  std::vector<int> members_;
-  std::vector<int> nodes_;
+  std::shared_ptr<const Shape> shape_;
   int me_;
   std::uint64_t seq_;
   detail::Clock::time_point deadline_;
   ScratchPool* scratch_;
   int space_;
-  int num_nodes_ = 1;
-  bool nodes_uniform_ = true;
   detail::ShmWindow* shm_ = nullptr;
   bool shm_usable_ = false;
 };

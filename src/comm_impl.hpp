@@ -83,8 +83,10 @@ struct Task {
 
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
+  // `oversubscribed`: this host runs more of the communicator's ranks than
+  // this process has cores (see submit()).
   Engine(int rank, std::unique_ptr<Transport> transport, std::unique_ptr<ShmWindow> shm, std::vector<int> node_of,
-         const Config& cfg);
+         const Config& cfg, bool oversubscribed);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -143,9 +145,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ShmWindow> shm_;  // null: no node-local peers, or CCLZ_SHM=0
   std::string transport_name_;
-  const std::vector<int> members_;  // 0..size-1, for Group
-  const std::vector<int> node_of_;
+  const std::shared_ptr<const coll::Group::Shape> shape_;  // all ranks, for the per-call Group
   const Config cfg_;
+  const bool oversubscribed_;
 
   mutable std::mutex mu_;
   std::condition_variable worker_cv_;  // worker: work arrived, or stop

@@ -34,8 +34,7 @@ Status setup_shm_window(Transport& t, const Topology& topo, std::span<const Rank
     if (topo.node_of[static_cast<std::size_t>(r)] == node) members.push_back(r);
   }
   if (members.size() < 2) return {};
-  int host_ranks = 0;
-  for (const RankInfo& ri : ranks) host_ranks += ri.hostname == ranks[static_cast<std::size_t>(me)].hostname ? 1 : 0;
+  const int on_host = host_ranks(ranks, me);
   const int index = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   const int leader = members[0];
   const Clock::time_point deadline = cfg.deadline_from_now();
@@ -75,7 +74,7 @@ Status setup_shm_window(Transport& t, const Topology& topo, std::span<const Rank
     }
     if (!st.ok()) return st;
     if (go != 0) {
-      *out = std::make_unique<ShmWindow>(std::move(seg), members, index, host_ranks);
+      *out = std::make_unique<ShmWindow>(std::move(seg), members, index, on_host);
     } else {
       *why = failure;
     }
@@ -98,7 +97,7 @@ Status setup_shm_window(Transport& t, const Topology& topo, std::span<const Rank
     } else {
       // Attaching records this process in the control block before the ack,
       // so every rank's pid is there once the leader says go.
-      w = std::make_unique<ShmWindow>(std::move(seg), members, index, host_ranks);
+      w = std::make_unique<ShmWindow>(std::move(seg), members, index, on_host);
       ack[0] = 1;
     }
   }

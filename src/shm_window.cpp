@@ -1,5 +1,7 @@
 #include "shm_window.hpp"
 
+#include "topology.hpp"
+
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -25,9 +27,11 @@ namespace {
 constexpr std::uint64_t kMagic = 0x636c7a73686d3031ULL;  // "clzshm01"
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 64;
+constexpr std::size_t kSlotPad = 4096;
 
-// Layout: Header (one page), then one RankCtl per rank, then one CallSig line
-// per (rank, slot), then the data (page aligned), rank-major.
+// Layout: Header (one page), then one RankCtl per rank, one CallSig line per
+// (rank, slot), one wake-up threshold per (rank, waiter), then the data
+// (page aligned), rank-major.
 struct Header {
   std::uint64_t magic;
   std::int32_t local_size;
@@ -40,7 +44,9 @@ struct alignas(kLine) RankCtl {
   // Line 0: read by every waiter, written by its owner only.
   std::atomic<std::uint64_t> progress;
   char pad0[kLine - sizeof(std::atomic<std::uint64_t>)];
-  // Line 1: the futex word and its bookkeeping.
+  // Line 1: the futex word and its bookkeeping. `sleepers` counts ranks
+  // asleep on `event`; each one's threshold is in the wants region, so a
+  // publish wakes them only when it reaches one (not on every stage).
   std::atomic<std::uint32_t> event;
   std::atomic<std::uint32_t> sleepers;
   std::atomic<std::uint32_t> aborted;
@@ -57,16 +63,18 @@ struct alignas(kLine) SigLine {
 std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
 struct Offsets {
-  std::size_t ctl, sig, data, total;
+  std::size_t ctl, sig, want, data, total;
 };
+constexpr std::uint64_t kNoWant = ~std::uint64_t{0};
 
 Offsets offsets(const ShmWindow::Geometry& g) {
   Offsets o{};
   const auto L = static_cast<std::size_t>(g.local_size), S = static_cast<std::size_t>(g.slots);
   o.ctl = kPage;
   o.sig = o.ctl + L * sizeof(RankCtl);
-  o.data = round_up(o.sig + L * S * sizeof(SigLine), kPage);
-  o.total = o.data + L * S * g.slot_bytes;
+  o.want = o.sig + L * S * sizeof(SigLine);
+  o.data = round_up(o.want + L * L * sizeof(std::uint64_t), kPage);
+  o.total = o.data + L * S * (g.slot_bytes + kSlotPad);
   return o;
 }
 
@@ -84,14 +92,6 @@ void cpu_relax() {
 #endif
 }
 
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  const long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
-}
-
 }  // namespace
 
 class ShmSegment {
@@ -102,8 +102,12 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
 
   Header& header() const { return *reinterpret_cast<Header*>(base_); }
-  RankCtl& ctl(int r) const {
-    return reinterpret_cast<RankCtl*>(base_ + offsets(geometry()).ctl)[r];
+  RankCtl& ctl(int r) const { return reinterpret_cast<RankCtl*>(base_ + ctl_off_)[r]; }
+  // The progress rank `waiter` sleeps for on `target`'s futex (kNoWant: none).
+  std::atomic<std::uint64_t>& want(int target, int waiter) const {
+    const auto L = static_cast<std::size_t>(header().local_size);
+    return reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + want_off_)[static_cast<std::size_t>(target) * L +
+                                                                             static_cast<std::size_t>(waiter)];
   }
   SigLine& sig(int r, std::uint64_t s) const {
     const Header& h = header();
@@ -115,7 +119,10 @@ class ShmSegment {
     const Header& h = header();
     const auto idx = static_cast<std::size_t>(r) * static_cast<std::size_t>(h.slots) +
                      static_cast<std::size_t>(s % static_cast<std::uint64_t>(h.slots));
-    return base_ + data_off_ + idx * h.slot_bytes;
+    // Slots start at different offsets within a page, so that a slot, its
+    // peers' and the caller's page-aligned buffers do not all share their
+    // low 12 address bits (4K aliasing stalls copies and reductions).
+    return base_ + data_off_ + idx * (h.slot_bytes + kSlotPad) + (idx * 7 % 63 + 1) * kLine;
   }
   ShmWindow::Geometry geometry() const {
     const Header& h = header();
@@ -123,7 +130,9 @@ class ShmSegment {
   }
   void cache_offsets() {
     const Offsets o = offsets(geometry());
+    ctl_off_ = o.ctl;
     sig_off_ = o.sig;
+    want_off_ = o.want;
     data_off_ = o.data;
   }
 
@@ -141,19 +150,22 @@ class ShmSegment {
       c->pid.store(0, std::memory_order_relaxed);
     }
     cache_offsets();
+    for (int t = 0; t < g.local_size; ++t) {
+      for (int w = 0; w < g.local_size; ++w) new (&want(t, w)) std::atomic<std::uint64_t>(kNoWant);
+    }
     std::atomic_thread_fence(std::memory_order_release);
   }
 
  private:
   std::byte* base_;
   std::size_t bytes_;
-  std::size_t sig_off_ = 0, data_off_ = 0;
+  std::size_t ctl_off_ = 0, sig_off_ = 0, want_off_ = 0, data_off_ = 0;
 };
 
 namespace {
 
 Status check_geometry(const ShmWindow::Geometry& g) {
-  if (g.local_size < 1 || g.local_size > 4096 || g.slots < 1 || g.slots > 64 || g.slot_bytes == 0 ||
+  if (g.local_size < 1 || g.local_size > 512 || g.slots < 1 || g.slots > 64 || g.slot_bytes == 0 ||
       g.slot_bytes % kPage != 0 || g.slot_bytes > (std::size_t{1} << 30)) {
     return {Result::invalid_argument, "shared-memory window: bad geometry (" + std::to_string(g.local_size) +
                                           " ranks, " + std::to_string(g.slots) + " slots of " +
@@ -263,9 +275,15 @@ std::uint64_t ShmWindow::progress(int r) const noexcept {
 
 void ShmWindow::publish(std::uint64_t value) noexcept {
   RankCtl& c = seg_->ctl(index_);
-  c.progress.store(value, std::memory_order_release);
+  c.progress.store(value, std::memory_order_seq_cst);
   c.event.fetch_add(1, std::memory_order_seq_cst);
-  if (c.sleepers.load(std::memory_order_seq_cst) != 0) futex(&c.event, FUTEX_WAKE, INT_MAX, nullptr);
+  if (c.sleepers.load(std::memory_order_seq_cst) == 0) return;
+  for (int w = 0; w < size(); ++w) {
+    if (seg_->want(index_, w).load(std::memory_order_seq_cst) <= value) {
+      futex(&c.event, FUTEX_WAKE, INT_MAX, nullptr);
+      return;
+    }
+  }
 }
 
 void ShmWindow::set_call_sig(std::uint64_t slot, const CallSig& sig) noexcept { seg_->sig(index_, slot).sig = sig; }
@@ -312,6 +330,9 @@ bool ShmWindow::rank_gone(int r, std::string* why) {
 
 Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::time_point deadline,
                        const std::function<void()>& idle, const char* what) {
+  // Every rank has been seen at all_seen_ or beyond: no need to read their
+  // counters (lines the peers keep writing) again for anything below it.
+  if (ranks.empty() && value <= all_seen_) return {};
   const int n = ranks.empty() ? size() : static_cast<int>(ranks.size());
   auto rank_at = [&](int i) { return ranks.empty() ? i : ranks[static_cast<std::size_t>(i)]; };
   int lag = 0;  // the first rank not there yet; earlier ones stay there (monotonic)
@@ -319,6 +340,7 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
     for (; lag < n; ++lag) {
       if (seg_->ctl(rank_at(lag)).progress.load(std::memory_order_acquire) < value) return false;
     }
+    if (ranks.empty()) all_seen_ = std::max(all_seen_, value);
     return true;
   };
   if (ready()) return {};
@@ -328,60 +350,77 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
                                             cause + " (node-local " + what + ")");
   };
 
-  // Spin while the ranks fit on the cores: the peer is usually microseconds
-  // away, and a sleep/wake pair costs more than that.
   if (!oversubscribed_) {
-    const auto spin_end = Clock::now() + std::chrono::microseconds(50);
+    // The ranks fit on the cores: the peer is running and usually
+    // microseconds away, less than a sleep and wake-up cost.
+    const auto spin_end = Clock::now() + std::chrono::microseconds(kSpinUs);
     for (int i = 1;; ++i) {
       cpu_relax();
       if (ready()) return {};
       if ((i & 255) == 0 && (local_failure() || Clock::now() >= spin_end)) break;
     }
   }
-  // Yield: with more ranks than cores this hands the core to a peer.
-  {
-    const auto yield_end = Clock::now() + std::chrono::microseconds(oversubscribed_ ? 100 : 1000);
-    while (!local_failure() && Clock::now() < yield_end) {
+  // Yield: with more ranks than cores a few yields hand the core to a peer
+  // that shares it (measured on 2 cores: a 4-process barrier takes 2.5 us
+  // with 3 yields before sleeping, 20 us with none; many more only burn the
+  // slice). Otherwise keep yielding for a while: a wake-up from a futex
+  // costs tens of microseconds on a virtual machine.
+  if (oversubscribed_) {
+    for (int i = 0; i < kYields && !local_failure(); ++i) {
       sched_yield();
       if (ready()) return {};
     }
+  } else {
+    const auto yield_end = Clock::now() + std::chrono::microseconds(kYieldUs);
+    for (int i = 1; !local_failure(); ++i) {
+      sched_yield();
+      if (ready()) return {};
+      if ((i & 15) == 0 && Clock::now() >= yield_end) break;
+    }
   }
-  // Sleep on the lagging rank's futex, checking for failures between naps.
+  // Sleep on the lagging rank's futex until it publishes what we need;
+  // between naps (at most kNapMs) look for aborts, exits and the deadline.
+  auto next_check = Clock::now();
   for (;;) {
     if (local_failure()) return fail_status_;
-    for (int r = 0; r < size(); ++r) {
-      if (r != index_ && seg_->ctl(r).aborted.load(std::memory_order_acquire) != 0) {
-        return peer_status(r, "stopped: its communicator failed or was aborted");
-      }
-    }
     const int target = rank_at(lag);
-    std::string why;
-    if (rank_gone(target, &why)) return peer_status(target, "failed: " + why);
     const auto now = Clock::now();
-    if (now >= deadline) {
-      std::string who;
-      for (int i = lag; i < n; ++i) {
-        const int r = rank_at(i);
-        if (seg_->ctl(r).progress.load(std::memory_order_acquire) < value) {
-          who += (who.empty() ? "" : ", ") + std::to_string(members_[static_cast<std::size_t>(r)]);
+    if (now >= next_check) {
+      for (int r = 0; r < size(); ++r) {
+        if (r != index_ && seg_->ctl(r).aborted.load(std::memory_order_acquire) != 0) {
+          return peer_status(r, "stopped: its communicator failed or was aborted");
         }
       }
-      return {Result::timeout, std::string("timed out in the node-local ") + what + " waiting for rank(s) " + who};
+      std::string why;
+      if (rank_gone(target, &why)) return peer_status(target, "failed: " + why);
+      if (now >= deadline) {
+        std::string who;
+        for (int i = lag; i < n; ++i) {
+          const int r = rank_at(i);
+          if (seg_->ctl(r).progress.load(std::memory_order_acquire) < value) {
+            who += (who.empty() ? "" : ", ") + std::to_string(members_[static_cast<std::size_t>(r)]);
+          }
+        }
+        return {Result::timeout, std::string("timed out in the node-local ") + what + " waiting for rank(s) " + who};
+      }
+      if (idle) idle();
+      next_check = now + std::chrono::milliseconds(kNapMs);
+      if (ready()) return {};
+      continue;  // `target` may have moved on
     }
     RankCtl& c = seg_->ctl(target);
+    std::atomic<std::uint64_t>& want = seg_->want(target, index_);
     const std::uint32_t ev = c.event.load(std::memory_order_seq_cst);
-    if (ready()) return {};
-    if (rank_at(lag) != target) continue;
+    want.store(value, std::memory_order_seq_cst);
     c.sleepers.fetch_add(1, std::memory_order_seq_cst);
     if (c.progress.load(std::memory_order_seq_cst) < value) {
-      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
-      const long nap = std::min<long long>(left, 1'000'000);
-      const timespec ts{0, nap};
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(std::min(deadline, next_check) - now);
+      const timespec ts{0, std::max<long>(1000, static_cast<long>(left.count()))};
       futex(&c.event, FUTEX_WAIT, ev, &ts);
     }
     c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    want.store(kNoWant, std::memory_order_relaxed);
     if (ready()) return {};
-    if (idle) idle();
   }
 }
 

@@ -45,6 +45,14 @@ class ShmSegment;
 class ShmWindow {
  public:
   static constexpr int kStages = 4;
+  // Waiting, when the ranks fit on the cores: spin kSpinUs, then yield for
+  // kYieldUs; with more ranks than cores: yield kYields times. Then sleep in
+  // naps of at most kNapMs (between naps: checks for aborted or exited
+  // peers, the deadline, and the transport's progress).
+  static constexpr int kSpinUs = 50;
+  static constexpr int kYieldUs = 1000;
+  static constexpr int kYields = 3;
+  static constexpr int kNapMs = 2;
 
   struct Geometry {
     int local_size = 0;
@@ -120,6 +128,7 @@ class ShmWindow {
   int index_;
   bool oversubscribed_;
   std::uint64_t next_chunk_ = 0;
+  std::uint64_t all_seen_ = 0;  // every rank's progress is known to be at least this
   std::vector<int> pidfds_;  // per local rank; -1 for this process or when unavailable
   std::vector<int> pids_;
   std::atomic<bool> failed_{false};

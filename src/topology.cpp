@@ -2,6 +2,9 @@
 // Cost: O(n log n) per communicator creation.
 #include "topology.hpp"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <map>
 
 namespace cclz::detail {
@@ -89,6 +92,22 @@ std::string Topology::describe(std::span<const RankInfo> ranks) const {
     }
   }
   return out;
+}
+
+int usable_cpus() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+int host_ranks(std::span<const RankInfo> ranks, int rank) noexcept {
+  if (rank < 0 || static_cast<std::size_t>(rank) >= ranks.size()) return 1;
+  const std::string& mine = ranks[static_cast<std::size_t>(rank)].hostname;
+  int n = 0;
+  for (const RankInfo& r : ranks) n += r.hostname == mine ? 1 : 0;
+  return n;
 }
 
 }  // namespace cclz::detail

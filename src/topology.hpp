@@ -33,4 +33,9 @@ Topology topology_from_labels(const std::vector<int>& labels, std::string source
 // CCLZ_LOCAL_SIZE (`local_size` > 0), else host names.
 Topology compute_topology(std::span<const RankInfo> ranks, int local_size);
 
+// CPUs this process may run on (its affinity mask).
+int usable_cpus() noexcept;
+// How many of the ranks share `rank`'s host (by host name).
+int host_ranks(std::span<const RankInfo> ranks, int rank) noexcept;
+
 }  // namespace cclz::detail

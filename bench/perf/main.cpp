@@ -90,7 +90,7 @@ class Bench {
   // Times `iters` calls of `fn` after `warmup` untimed ones; per-iteration
   // seconds, max over ranks. Sets *failed (on every rank) if any rank failed.
   template <class Fn>
-  double time_loop(Fn&& fn, bool* failed);
+  double time_loop(Fn&& fn, bool* failed, bool cclz_start);
   long long sum_over_ranks(long long v) const;
   bool any_rank(bool v) const;
 
@@ -132,8 +132,14 @@ Status Bench::call(const CollCase& c, const testing::VLayout& v, const void* s, 
   return {Result::invalid_argument, "cclz-perf: unknown collective"};
 }
 
+// `cclz_start`: bracket the timed loop with cclz barriers. With more ranks
+// than cores MPICH busy-polls: ranks that left MPI_Barrier first would time
+// their calls against peers still spinning in it, and a rank that finished
+// its loop first would spin in the MPI_Allreduce below while its peers are
+// still timing (each costs a scheduler slice, milliseconds). Each library
+// is timed between its own barriers.
 template <class Fn>
-double Bench::time_loop(Fn&& fn, bool* failed) {
+double Bench::time_loop(Fn&& fn, bool* failed, bool cclz_start) {
   using clock = std::chrono::steady_clock;
   bool bad = false;
   for (int i = 0; i < o_.warmup && !bad; ++i) bad = !fn();
@@ -143,9 +149,15 @@ double Bench::time_loop(Fn&& fn, bool* failed) {
     return 0;
   }
   MPI_Barrier(MPI_COMM_WORLD);
+  if (cclz_start && !comm_.barrier().wait().ok()) {
+    *failed = true;
+    return 0;
+  }
   const auto t0 = clock::now();
   for (int i = 0; i < o_.iters && !bad; ++i) bad = !fn();
   const double local = std::chrono::duration<double>(clock::now() - t0).count() / o_.iters;
+  // And nobody enters MPI (busy-polling) while a peer is still timing.
+  if (cclz_start && !bad) bad = !comm_.barrier().wait().ok();
   double worst = 0;
   MPI_Allreduce(&local, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   *failed = any_rank(bad);
@@ -221,7 +233,7 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
     if (any_rank(!ok)) return failed_ = true, row;
     row.oop.wrong = sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, r)));
   }
-  double secs = time_loop([&] { return fail(call(c, v, s, r, opt)); }, &failed);
+  double secs = time_loop([&] { return fail(call(c, v, s, r, opt)); }, &failed, true);
   if (failed) return failed_ = true, row;
   const long long oop_wrong = row.oop.wrong;
   finish(&row.oop, secs);
@@ -242,7 +254,7 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
       if (any_rank(!ok)) return failed_ = true, row;
       wrong = sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, ir)));
     }
-    secs = time_loop([&] { return fail(call(c, v, is, ir, opt)); }, &failed);
+    secs = time_loop([&] { return fail(call(c, v, is, ir, opt)); }, &failed, true);
     if (failed) return failed_ = true, row;
     finish(&row.ip, secs);
     row.ip.wrong = wrong;
@@ -252,7 +264,7 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
   std::string why;
   if (mpi_ != nullptr && mpi_->available(c, &why)) {
     testing::fill_input(c, rank_, s);
-    secs = time_loop([&] { return mpi_->run(c, &v, s, r) == MPI_SUCCESS; }, &failed);
+    secs = time_loop([&] { return mpi_->run(c, &v, s, r) == MPI_SUCCESS; }, &failed, false);
     if (!failed) {
       finish(&row.mpi, secs);
     }
