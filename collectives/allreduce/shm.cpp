@@ -6,15 +6,18 @@
 // kernel to the same operands in the same order, so results are bitwise
 // identical.
 //
-// Larger buffers, chunk by chunk: (0) copy my chunk into my slot; (1) reduce
-// my 1/n share of the chunk over the n slots into my slot's result area and
-// my output; (2) copy the other shares' results into my output. Each share
-// is reduced once, by its owner, and copied by the others: bitwise identical
-// on every rank. Memory traffic per rank: the input read and the output
-// written once each (the roofline's minimum); everything else stays in the
-// shared cache, a slot being read a few microseconds after it was written.
+// Larger buffers, chunk by chunk: (0) copy the chunk, except my 1/n share of
+// it, into my slot; (1) reduce my share over my input and the n-1 peers'
+// slots, in rank order, into my slot (where my share was not staged) and
+// copy it to my output; (2) copy the other shares' results into my output.
+// Each share is reduced once, by its owner, and copied by the others:
+// bitwise identical on every rank. Memory traffic per rank: the input read
+// and the output written once each (the roofline's minimum); everything
+// else stays in the shared cache, a slot being read a few microseconds
+// after it was written. CPU work per rank: (n-1)/n of the buffer staged,
+// 1/n reduced, (n-1)/n copied out.
 //
-// Cost: 2 (small) or 3 stages per chunk, chunks = bytes / (slot * n/(n+1)).
+// Cost: 2 (small) or 3 stages per chunk, chunks = bytes / slot.
 #include "allreduce/common.hpp"
 #include "shm_pipeline.hpp"
 
@@ -48,11 +51,10 @@ Status run(Group& g, const CollArgs& a) {
     return shm::run_pipeline(g, sig, 1, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce");
   }
 
-  // Chunk: C elements of input plus a result area of C/n, in one slot.
+  // Chunk: C elements, one slot. My share's part of my slot is not staged
+  // (nobody else reads my input there); it holds my share's result instead.
   const std::size_t unit = shm::line_elems(es) * static_cast<std::size_t>(n);
-  std::size_t C = (w.slot_bytes() - 128) / es * static_cast<std::size_t>(n) / static_cast<std::size_t>(n + 1);
-  C = std::max(unit, C / unit * unit);
-  const std::size_t result_off = (C * es + 63) / 64 * 64;
+  const std::size_t C = std::max(unit, w.slot_bytes() / es / unit * unit);
   const std::size_t chunks = (a.count + C - 1) / C;
   const bool stream = bytes > kStreamBytes;
   auto out_copy = stream ? shm::copy_stream : shm::copy;
@@ -60,19 +62,22 @@ Status run(Group& g, const CollArgs& a) {
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     const std::size_t first = c * C, len = std::min(C, a.count - first);
     const shm::Shares sh{len, shm::line_elems(es), n};
+    const std::size_t off = sh.off(me), m = sh.size(me);
+    std::byte* mine = w.slot(me, slot);
     if (t == 0) {
-      shm::copy(w.slot(me, slot), src + first * es, len * es);
+      shm::copy(mine, src + first * es, off * es);
+      shm::copy(mine + (off + m) * es, src + (first + off + m) * es, (len - off - m) * es);
     } else if (t == 1) {
-      const std::size_t off = sh.off(me), m = sh.size(me);
       if (m == 0) return;
-      for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = w.slot(q, slot) + off * es;
-      std::byte* res = w.slot(me, slot) + result_off;
-      kernels::reduce_many(res, srcs, m, a.dt, a.op);
-      out_copy(dst + (first + off) * es, res, m * es);
+      for (int q = 0; q < n; ++q) {
+        srcs[static_cast<std::size_t>(q)] = q == me ? src + (first + off) * es : w.slot(q, slot) + off * es;
+      }
+      kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
+      out_copy(dst + (first + off) * es, mine + off * es, m * es);
     } else {
       for (int q = 0; q < n; ++q) {
         if (q == me || sh.size(q) == 0) continue;
-        out_copy(dst + (first + sh.off(q)) * es, w.slot(q, slot) + result_off, sh.size(q) * es);
+        out_copy(dst + (first + sh.off(q)) * es, w.slot(q, slot) + sh.off(q) * es, sh.size(q) * es);
       }
     }
   };

@@ -1,9 +1,9 @@
 // Node-local all-to-all over the shared-memory window (see
 // shm_pipeline.hpp). Chunk by chunk: (0) each rank copies the chunk's piece
-// of its block for every peer into its slot; (1) each rank copies the piece
-// addressed to it from every peer's slot into its output. In place works
-// too: stage 1 of a chunk overwrites only what stage 0 of that chunk has
-// already copied.
+// of its block for every peer into its slot, and its own block's piece
+// straight to its output; (1) each rank copies the piece addressed to it
+// from every peer's slot into its output. In place works too: stage 1 of a
+// chunk overwrites only what stage 0 of that chunk has already copied.
 //
 // Cost: 2 stages per chunk, chunks = block bytes / (slot / n); per rank the
 // input read once and the output written once.
@@ -29,7 +29,10 @@ Status run(Group& g, const CollArgs& a) {
     const std::size_t first = c * C, m = std::min(C, a.count - first);
     for (int q = 0; q < n; ++q) {
       const std::size_t block = static_cast<std::size_t>(q) * a.count;
-      if (t == 0) {
+      if (q == me) {
+        // My own block goes straight across (in place it is already there).
+        if (t == 0 && in != out) out_copy(out + (block + first) * es, in + (block + first) * es, m * es);
+      } else if (t == 0) {
         shm::copy(w.slot(me, slot) + static_cast<std::size_t>(q) * C * es, in + (block + first) * es, m * es);
       } else {
         out_copy(out + (block + first) * es, w.slot(q, slot) + static_cast<std::size_t>(me) * C * es, m * es);

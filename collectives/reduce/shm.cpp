@@ -1,12 +1,12 @@
 // Node-local reduce over the shared-memory window (see shm_pipeline.hpp).
 // Small buffers: every rank copies its input into its slot and the root
 // reduces all slots in rank order into its output. Larger, chunk by chunk:
-// (0) copy my chunk into my slot; (1) reduce my 1/n share of the chunk over
-// the n slots into my slot's result area; (2) the root copies every share's
-// result into its output. The same shares and order as the all-reduce, so
-// both give the same bits.
+// (0) copy the chunk except my 1/n share into my slot; (1) reduce my share
+// over my input and the n-1 peers' slots into my slot (where my share was not
+// staged); (2) the root copies every share's result into its output. The
+// same shares and order as the all-reduce, so both give the same bits.
 //
-// Cost: 2 or 3 stages per chunk, chunks = bytes / (slot * n/(n+1)).
+// Cost: 2 or 3 stages per chunk, chunks = bytes / slot.
 #include "allreduce/common.hpp"
 #include "shm_pipeline.hpp"
 
@@ -40,23 +40,26 @@ Status run(Group& g, const CollArgs& a) {
   }
 
   const std::size_t unit = shm::line_elems(es) * static_cast<std::size_t>(n);
-  std::size_t C = (w.slot_bytes() - 128) / es * static_cast<std::size_t>(n) / static_cast<std::size_t>(n + 1);
-  C = std::max(unit, C / unit * unit);
-  const std::size_t result_off = (C * es + 63) / 64 * 64;
+  const std::size_t C = std::max(unit, w.slot_bytes() / es / unit * unit);
   const std::size_t chunks = (a.count + C - 1) / C;
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     const std::size_t first = c * C, len = std::min(C, a.count - first);
     const shm::Shares sh{len, shm::line_elems(es), n};
+    const std::size_t off = sh.off(me), m = sh.size(me);
+    std::byte* mine = w.slot(me, slot);
     if (t == 0) {
-      shm::copy(w.slot(me, slot), src + first * es, len * es);
+      shm::copy(mine, src + first * es, off * es);
+      shm::copy(mine + (off + m) * es, src + (first + off + m) * es, (len - off - m) * es);
     } else if (t == 1) {
-      if (sh.size(me) == 0) return;
-      for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = w.slot(q, slot) + sh.off(me) * es;
-      kernels::reduce_many(w.slot(me, slot) + result_off, srcs, sh.size(me), a.dt, a.op);
+      if (m == 0) return;
+      for (int q = 0; q < n; ++q) {
+        srcs[static_cast<std::size_t>(q)] = q == me ? src + (first + off) * es : w.slot(q, slot) + off * es;
+      }
+      kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
     } else if (me == root) {
       for (int q = 0; q < n; ++q) {
         if (sh.size(q) != 0) {
-          shm::copy(dst + (first + sh.off(q)) * es, w.slot(q, slot) + result_off, sh.size(q) * es);
+          shm::copy(dst + (first + sh.off(q)) * es, w.slot(q, slot) + sh.off(q) * es, sh.size(q) * es);
         }
       }
     }

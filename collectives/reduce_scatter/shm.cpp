@@ -1,14 +1,15 @@
 // Node-local reduce-scatter over the shared-memory window (see
 // shm_pipeline.hpp). Chunk by chunk: (0) each rank copies the chunk's piece
-// of every block into its slot; (1) each rank reduces its own block's piece
-// over the n slots, in rank order, straight into its output. Each output
+// of every other rank's block into its slot; (1) each rank reduces its own
+// block's piece over its input and the n-1 peers' slots, in rank order,
+// straight into its output. Each output
 // element is reduced once by its owner, so the result does not depend on
 // timing. Also the intra-node phase of the hierarchical all-reduce (with
 // blocks that differ by one element).
 //
 // Cost: 2 stages per chunk, chunks = block bytes / (slot / n); per rank the
-// input is read once and the output written once, the rest stays in the
-// shared cache.
+// input is read once ((n-1)/n of it staged) and the output written once,
+// the rest stays in the shared cache.
 #include "shm_pipeline.hpp"
 
 namespace cclz::coll {
@@ -35,13 +36,14 @@ Status shm::reduce_scatter(Group& g, const detail::ShmWindow::CallSig& sig, cons
       std::byte* s = w.slot(me, slot);
       for (int q = 0; q < n; ++q) {
         const std::size_t m = piece(q, c);
-        if (m != 0) copy(s + static_cast<std::size_t>(q) * C * es, in + (layout.off(q) + c * C) * es, m * es);
+        if (q != me && m != 0) copy(s + static_cast<std::size_t>(q) * C * es, in + (layout.off(q) + c * C) * es, m * es);
       }
     } else {
       const std::size_t m = piece(me, c);
       if (m == 0) return;
       for (int p = 0; p < n; ++p) {
-        srcs[static_cast<std::size_t>(p)] = w.slot(p, slot) + static_cast<std::size_t>(me) * C * es;
+        srcs[static_cast<std::size_t>(p)] = p == me ? in + (layout.off(me) + c * C) * es
+                                                    : w.slot(p, slot) + static_cast<std::size_t>(me) * C * es;
       }
       kernels::reduce_many(out + c * C * es, srcs, m, dt, op);
     }
