@@ -181,7 +181,10 @@ class CompressorState {
   const Compressor* owner_;
   TensorDesc desc_;
   std::uint64_t step_ = 0;
+  int round_ = -1;     // the current round of the open step; -1: none open
+  bool last_ = false;  // the current round is the last
   WireStats wire_;
+  std::vector<float> finish_sum_;  // the default finish's f32 sum for f16/bf16 tensors
 };
 
 // Helpers for save_body/load_body: little records of raw bytes.
@@ -206,6 +209,8 @@ class Compressor {
   virtual bool multi_round() const noexcept { return false; }
   // Default: f32, f16, bf16.
   virtual bool supports_dtype(DataType dt) const noexcept;
+  // spec_error(spec(), problem): invalid_argument "compressor spec '<text>': <problem>"
+  Status error(std::string_view problem) const;
 
   // A fresh state for one tensor (zero residuals, step 0). Errors: a dtype
   // the compressor does not take, a bad shape, a count it cannot index.
@@ -258,10 +263,9 @@ class Compressor {
   virtual Status on_decode(const CompressorState& state, std::span<const std::byte> payload,
                            std::span<std::byte> out) const;
 
-  // spec_error(spec(), problem): invalid_argument "compressor spec '<text>': <problem>"
-  Status error(std::string_view problem) const;
-
  private:
+  Status check_state(const CompressorState& state, const char* fn) const;
+  Status check_size(const CompressorState& state, std::size_t bytes, std::size_t elem, const char* what) const;
   CompressorSpec spec_;
 };
 
