@@ -259,7 +259,7 @@ bool write_csv(const std::string& path, const std::vector<Row>& rows, std::strin
   }
   std::fprintf(f, "collective,requested,algo,tuned,supported,bytes,count,type,redop,root,"
                "oop_time_us,oop_algbw_gbs,oop_busbw_gbs,oop_wrong,ip_time_us,ip_algbw_gbs,ip_busbw_gbs,ip_wrong,"
-               "mpi_time_us,mpi_busbw_gbs,roof_busbw_gbs\n");
+               "mpi_time_us,mpi_busbw_gbs,roof_busbw_gbs,roof_cached\n");
   auto m3 = [&](const Measure& m) {
     if (!m.valid) {
       std::fprintf(f, ",,,,");
@@ -279,7 +279,7 @@ bool write_csv(const std::string& path, const std::vector<Row>& rows, std::strin
     } else {
       std::fprintf(f, ",,");
     }
-    std::fprintf(f, ",%s\n", r.has_roof ? num(r.roof_busbw).c_str() : "");
+    std::fprintf(f, ",%s,%s\n", r.has_roof ? num(r.roof_busbw).c_str() : "", r.has_roof && r.roof_cached ? "1" : "0");
   }
   const bool ok = std::fclose(f) == 0;
   if (!ok) *error = "error writing " + path;
