@@ -21,6 +21,12 @@ extern const CompressorDesc compressor_topk;
 extern const CompressorDesc compressor_randk;
 extern const CompressorDesc compressor_threshold;
 extern const CompressorDesc compressor_dgc;
+extern const CompressorDesc compressor_qsgd;
+extern const CompressorDesc compressor_terngrad;
+extern const CompressorDesc compressor_int8;
+extern const CompressorDesc compressor_int4;
+extern const CompressorDesc compressor_sign;
+extern const CompressorDesc compressor_signum;
 }  // namespace compress
 
 namespace {
@@ -33,6 +39,12 @@ const auto kBuiltin = std::to_array<const CompressorDesc*>({
     &compress::compressor_randk,
     &compress::compressor_threshold,
     &compress::compressor_dgc,
+    &compress::compressor_qsgd,
+    &compress::compressor_terngrad,
+    &compress::compressor_int8,
+    &compress::compressor_int4,
+    &compress::compressor_sign,
+    &compress::compressor_signum,
 });
 
 struct Plugin {
