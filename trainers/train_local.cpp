@@ -23,10 +23,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cclz-train-local: %s\n", s.to_string().c_str());
     return 1;
   }
-  const double first = result.train_loss.empty() ? 0.0 : result.train_loss.front();
-  const double last_val = result.val.empty() ? 0.0 : result.val.back().loss;
-  std::printf("done     %zu steps in %.1f s (%.1f ms/step training), train loss %.4f -> %.4f, val loss %.4f\n",
-              result.train_loss.size(), result.seconds, 1e3 * result.step_seconds / result.train_loss.size(), first,
-              static_cast<double>(result.train_loss.back()), last_val);
+  std::printf("done     %zu steps in %.1f s (%.1f ms/step training), train loss %.4f -> %.4f", result.train_loss.size(),
+              result.seconds, 1e3 * result.step_seconds / static_cast<double>(result.train_loss.size()),
+              static_cast<double>(result.train_loss.front()), static_cast<double>(result.train_loss.back()));
+  if (!result.val.empty()) {
+    std::printf(", val loss %.4f -> %.4f", static_cast<double>(result.val.front().loss),
+                static_cast<double>(result.val.back().loss));
+  }
+  std::printf("\n");
   return 0;
 }
