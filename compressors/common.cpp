@@ -23,6 +23,7 @@ std::span<std::uint16_t> as_u16(std::span<std::byte> b) noexcept {
 }  // namespace
 
 void load_f32(std::span<const std::byte> src, DataType dt, std::span<float> dst) noexcept {
+  if (dst.empty()) return;  // memcpy must not see the null data() of an empty vector
   switch (dt) {
     case DataType::f32: std::memcpy(dst.data(), src.data(), dst.size() * 4); break;
     case DataType::f16: kernels::half_to_float(as_u16(src), dst); break;
@@ -32,6 +33,7 @@ void load_f32(std::span<const std::byte> src, DataType dt, std::span<float> dst)
 }
 
 void store_f32(std::span<const float> src, DataType dt, std::span<std::byte> dst) noexcept {
+  if (src.empty()) return;
   switch (dt) {
     case DataType::f32: std::memcpy(dst.data(), src.data(), src.size() * 4); break;
     case DataType::f16: kernels::float_to_half(src, as_u16(dst)); break;
@@ -68,6 +70,7 @@ void add_scaled(std::span<const std::byte> src, DataType dt, std::span<float> ac
 
 void convert(std::span<const std::byte> src, DataType sdt, std::span<std::byte> dst, DataType ddt,
              std::size_t n) noexcept {
+  if (n == 0) return;
   if (sdt == ddt) {
     std::memcpy(dst.data(), src.data(), n * dtype_size(sdt));
   } else if (sdt == DataType::f32) {
