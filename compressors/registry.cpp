@@ -27,6 +27,7 @@ extern const CompressorDesc compressor_int8;
 extern const CompressorDesc compressor_int4;
 extern const CompressorDesc compressor_sign;
 extern const CompressorDesc compressor_signum;
+extern const CompressorDesc compressor_powersgd;
 }  // namespace compress
 
 namespace {
@@ -45,6 +46,7 @@ const auto kBuiltin = std::to_array<const CompressorDesc*>({
     &compress::compressor_int4,
     &compress::compressor_sign,
     &compress::compressor_signum,
+    &compress::compressor_powersgd,
 });
 
 struct Plugin {

@@ -10,7 +10,7 @@ packages=(
   mpich libmpich-dev                        # mpiexec-launched tests, cclz-perf baseline
   libgtest-dev libgmock-dev                 # tests
   libbenchmark-dev                          # kernel micro-benchmarks
-  libopenblas-dev                           # reference trainers
+  libopenblas-dev                           # PowerSGD (libcclz), reference trainers
 )
 
 missing=()
