@@ -74,6 +74,14 @@ Options (as nccl-tests unless marked cclz):
       --json FILE         cclz: also write every row as JSON (rank 0)
       --csv FILE          cclz: also write every row as CSV (rank 0)
       --no-mpi            cclz: skip the MPI baseline columns
+      --compressor SPEC   cclz: all_reduce only; instead of the table above,
+                          time the compressed all-reduce of SPEC (e.g.
+                          ef+topk:ratio=0.01, powersgd:rank=4, auto:int8)
+                          beside the dense one: effective bandwidth (dense
+                          bytes / time), compression and wire ratios, error.
+                          Repeatable.
+      --requant sra|ring  cclz: scheme for re-quantizable compressors
+                          (default sra: scatter-reduce-allgather)
   -h, --help              this text
 
 Columns: time is the per-iteration average on each rank, then the maximum
@@ -172,6 +180,12 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
     } else if (name == "-A" || name == "--algorithm") {
       if (!take(&v)) return false;
       o.algorithm = v;
+    } else if (name == "--compressor") {
+      if (!take(&v)) return false;
+      o.compressors.push_back(v);
+    } else if (name == "--requant") {
+      if (!take(&v)) return false;
+      if (!parse_requant_scheme(v, &o.requant)) return *error = "bad --requant (sra or ring): " + v, false;
     } else if (name == "--json") {
       if (!take(&o.json_path)) return false;
     } else if (name == "--csv") {
@@ -191,6 +205,9 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
   }
   if (!o.help && !have_coll) return *error = "missing collective (e.g. all_reduce)", false;
   if (o.min_bytes > o.max_bytes) return *error = "-b is larger than -e", false;
+  if (!o.compressors.empty() && o.kind != testing::CollKind::all_reduce) {
+    return *error = "--compressor times the compressed all_reduce only", false;
+  }
   *out = std::move(o);
   return true;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cclz/compressed.hpp"
 #include "cclz/types.hpp"
 #include "coll_desc.hpp"
 
@@ -27,6 +28,11 @@ struct Options {
   std::string json_path;
   std::string csv_path;
   bool mpi_baseline = true;
+  // --compressor SPEC (repeatable): time the compressed all-reduce instead
+  // of the dense table (bench/perf/compressed.cpp); --requant picks the
+  // re-quantizable scheme.
+  std::vector<std::string> compressors;
+  RequantScheme requant = RequantScheme::scatter_reduce_allgather;
   bool help = false;
 };
 
