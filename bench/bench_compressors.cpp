@@ -11,18 +11,26 @@
 // the same size timed at start-up (best of 5). One thread throughout.
 // Inputs are N(0, 1) floats from a fixed seed.
 //
+// PowerSGD (two rounds, so not in kSpecs): powersgd_step times one whole
+// step of rank 4 on 4096 x 4096 (with and without error feedback) and
+// powersgd_sgemm3 its three matrix products alone, OpenBLAS on one thread
+// (openblas_set_num_threads(1)).
+//
 // To add a compressor: one line in kSpecs. Filter with --benchmark_filter,
 // e.g. 'encode/topk.*/16M|copy/16M'.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <cblas.h>
 
 #include "cclz/compress.hpp"
 
@@ -44,6 +52,14 @@ const BenchSpec kSpecs[] = {
     {"threshold:tau=2.576"},  // about 1% of N(0, 1)
     {"dgc:ratio=0.01,warmup=0"},
     {"ef+topk:ratio=0.01,approx=1"},
+    {"qsgd"},  // 4 bits, bucket 512
+    {"qsgd:bits=8"},
+    {"terngrad"},
+    {"int8"},
+    {"int8:stochastic=1"},
+    {"int4"},
+    {"sign"},
+    {"signum"},
 };
 
 constexpr std::size_t kSizes[] = {1u << 20, 16u << 20, 64u << 20};
@@ -150,10 +166,63 @@ void bm_decode(benchmark::State& st, const BenchSpec& b, std::size_t n, double c
   set_counters(st, n, copy);
 }
 
+// PowerSGD, one whole step (begin, next, finish) on one rank of an
+// rows x cols f32 matrix (the all-reduces of one rank are the identity),
+// against its three matrix products alone through OpenBLAS: P = M Q,
+// Q' = M^T P, out = P Q'^T. OpenBLAS runs on one thread (main sets it).
+constexpr std::size_t kPsgdDim = 4096;
+
+void bm_powersgd_step(benchmark::State& st, const char* spec) {
+  const std::size_t n = kPsgdDim, m = kPsgdDim;
+  Setup s;
+  if (!setup(st, BenchSpec{spec, n}, n * m, &s)) return;
+  const auto grad = std::as_bytes(std::span(input(n * m)).first(n * m));
+  std::vector<float> out(n * m);
+  cclz::Payload p;
+  std::vector<std::byte> agg_bytes;
+  for (auto _ : st) {
+    cclz::Status r = s.c->begin(*s.state, grad, &p);
+    while (r.ok() && !p.last) {
+      agg_bytes = p.bytes;  // the summed payload of one rank
+      const std::span<const std::byte> part(agg_bytes);
+      r = s.c->next(*s.state, cclz::Aggregate(&part, 1), &p);
+    }
+    if (r.ok()) {
+      const std::span<const std::byte> part(p.bytes);
+      r = s.c->finish(*s.state, cclz::Aggregate(&part, 1), std::as_writable_bytes(std::span(out)));
+    }
+    if (!r.ok()) {
+      st.SkipWithError(r.to_string().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  st.counters["rank"] = 4;
+}
+
+void bm_powersgd_sgemm3(benchmark::State& st) {
+  const int n = kPsgdDim, m = kPsgdDim, r = 4;
+  const float* mat = input(kPsgdDim * kPsgdDim).data();
+  std::vector<float> q(static_cast<std::size_t>(m) * r, 0.01f), p(static_cast<std::size_t>(n) * r);
+  std::vector<float> out(static_cast<std::size_t>(n) * m);
+  for (auto _ : st) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, m, 1.0f, mat, m, q.data(), r, 0.0f, p.data(), r);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, r, n, 1.0f, mat, m, p.data(), r, 0.0f, q.data(), r);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, r, 1.0f, p.data(), r, q.data(), r, 0.0f, out.data(), m);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+    // Keep the values bounded across iterations (q grows by |M| each time).
+    const float inv = 1.0f / (1.0f + std::fabs(q[0]));
+    for (float& v : q) v *= inv;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  openblas_set_num_threads(1);  // single-threaded like everything else here (PowerSGD's sgemm)
   for (std::size_t n : kSizes) {
     const double copy = copy_bw(n);
     std::printf("copy bandwidth at %s f32: %.2f GB/s (memcpy, best of 5)\n", size_name(n).c_str(), copy / 1e9);
@@ -167,6 +236,13 @@ int main(int argc, char** argv) {
                                    copy)
           ->Unit(benchmark::kMillisecond);
     }
+  }
+  const std::string dim = std::to_string(kPsgdDim) + "x" + std::to_string(kPsgdDim);
+  benchmark::RegisterBenchmark(("powersgd_sgemm3/rank=4/" + dim).c_str(), bm_powersgd_sgemm3)
+      ->Unit(benchmark::kMillisecond);
+  for (const char* spec : {"powersgd:rank=4", "powersgd:rank=4,ef=0"}) {
+    benchmark::RegisterBenchmark(("powersgd_step/" + std::string(spec) + "/" + dim).c_str(), bm_powersgd_step, spec)
+        ->Unit(benchmark::kMillisecond);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
