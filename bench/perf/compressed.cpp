@@ -154,11 +154,17 @@ bool run_compressed_tables(const Options& o, Comm& comm, const RunInfo& info) {
         if (nbytes > 0) std::memcpy(work.data(), grad.data(), nbytes);
       };
       bool failed = false;
+      Status derr;
       const double t_dense = timed(
-          o, comm, restore, [&] { return comm.all_reduce(work.data(), work.data(), count, dt, ReduceOp::sum).wait().ok(); },
+          o, comm, restore,
+          [&] {
+            derr = comm.all_reduce(work.data(), work.data(), count, dt, ReduceOp::sum).wait();
+            return derr.ok();
+          },
           &failed);
       if (failed) {
-        if (rank == 0) std::fprintf(stderr, "cclz-perf: dense all_reduce of %zu bytes failed\n", nbytes);
+        std::fprintf(stderr, "cclz-perf: rank %d: dense all_reduce of %zu bytes failed: %s\n", rank, nbytes,
+                     derr.ok() ? "(a peer failed)" : derr.to_string().c_str());
         return false;
       }
       dense = work;
