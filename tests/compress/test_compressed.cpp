@@ -431,9 +431,9 @@ TEST(CompressedAllReduce, HalfPrecisionTensorsAndAverage) {
 }
 
 TEST(CompressedAllReduce, SmallAndEmptyTensors) {
-  // Fewer elements (and blocks) than ranks: some chunks are empty.
+  // Fewer elements (and blocks) than ranks: some chunks are empty; and none at all.
   for (const char* spec : {"int8", "topk:ratio=0.5", "fp16", "sign"}) {
-    for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{5}}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{5}}) {
       check_all_reduce(spec, 8, count, DataType::f32, RequantScheme::scatter_reduce_allgather, false);
       check_all_reduce(spec, 5, count, DataType::f32, RequantScheme::ring, false);
       if (HasFatalFailure()) return;
