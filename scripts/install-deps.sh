@@ -11,6 +11,8 @@ packages=(
   libgtest-dev libgmock-dev                 # tests
   libbenchmark-dev                          # kernel micro-benchmarks
   libopenblas-dev                           # PowerSGD (libcclz), reference trainers
+  python3-matplotlib                        # cclz-compare's plots
+  python3-torch python3-dev                 # the torch.distributed backend and its tests
 )
 
 missing=()
