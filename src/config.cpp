@@ -228,6 +228,16 @@ Status config_from_env(Config* out) {
     if (Status st = int_in("CCLZ_SHM_SLOTS", v, 1, 64, 1, &k); !st.ok()) return st;
     c.shm_slots = static_cast<int>(k);
   }
+  // The transport reads the wait back-off itself (UcxWaitPolicy::from_env);
+  // checking the values here makes a malformed one fail the communicator's
+  // creation instead of silently becoming the default.
+  for (const auto& [name, lo] : {std::pair{"CCLZ_SPIN_US", 0L}, std::pair{"CCLZ_YIELD_US", 0L},
+                                 std::pair{"CCLZ_POLL_MS", 1L}}) {
+    if (const char* v = env(name)) {
+      long k = 0;
+      if (Status st = int_in(name, v, lo, 1000000000L, 1, &k); !st.ok()) return st;
+    }
+  }
   *out = std::move(c);
   return {};
 }

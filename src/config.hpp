@@ -11,6 +11,8 @@
 //   CCLZ_SHM=0|1              node-local shared-memory window (default 1)
 //   CCLZ_SHM_SLOT_KB=<KiB>    staging slot size, multiple of 4 (default 256)
 //   CCLZ_SHM_SLOTS=<n>        slots per rank, 1..64 (default 4)
+//   CCLZ_SPIN_US, CCLZ_YIELD_US, CCLZ_POLL_MS  checked here, applied by the
+//                             UCX transport (UcxWaitPolicy::from_env)
 //   (CCLZ_NODE_ID is read by the bootstrap into RankInfo::node_override.)
 #pragma once
 

@@ -138,6 +138,8 @@ void release_context(ucp_context_h ctx) {
   }
 }
 
+// Communicators get here only after config_from_env accepted these values;
+// a transport made directly (the transport tests) falls back on bad ones.
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;

@@ -115,7 +115,8 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
   };
   for (Bad b : {Bad{"CCLZ_TIMEOUT", "soon"}, Bad{"CCLZ_TIMEOUT", "-1"}, Bad{"CCLZ_CHECK", "maybe"},
                 Bad{"CCLZ_DEBUG", "LOUD"}, Bad{"CCLZ_ALGO", "all_reduce=nope"}, Bad{"CCLZ_LOCAL_SIZE", "0"},
-                Bad{"CCLZ_LOCAL_SIZE", "2x"}}) {
+                Bad{"CCLZ_LOCAL_SIZE", "2x"}, Bad{"CCLZ_SPIN_US", "fast"}, Bad{"CCLZ_YIELD_US", "-5"},
+                Bad{"CCLZ_POLL_MS", "0"}, Bad{"CCLZ_POLL_MS", "1ms"}}) {
     ScopedEnv e(b.name, b.value);
     detail::Config cfg;
     Status st = detail::config_from_env(&cfg);
