@@ -51,6 +51,7 @@ const BenchSpec kSpecs[] = {
     {"randk:ratio=0.01"},
     {"threshold:tau=2.576"},  // about 1% of N(0, 1)
     {"dgc:ratio=0.01,warmup=0"},
+    {"ef+topk:ratio=0.01"},  // the slow-link benchmark's spec
     {"ef+topk:ratio=0.01,approx=1"},
     {"qsgd"},  // 4 bits, bucket 512
     {"qsgd:bits=8"},

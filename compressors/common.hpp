@@ -99,8 +99,9 @@ inline std::uint32_t mag_key(float f) noexcept {
 std::size_t count_for_ratio(double ratio, std::size_t n) noexcept;
 
 struct SelectScratch {
-  std::vector<std::uint32_t> cand;  // radix select candidates
+  std::vector<std::uint32_t> cand;  // radix select candidates (keys, or indices when prefiltered)
   std::vector<std::uint32_t> sample;
+  std::vector<std::uint32_t> keys;  // the prefiltered candidates' keys
 };
 
 // Exactly min(k, n) indices of the largest |x| (radix select: three passes

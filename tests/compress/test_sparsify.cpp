@@ -61,7 +61,10 @@ std::vector<float> ties_data(std::size_t n, std::uint32_t seed) {
 }
 
 TEST(Topk, ExactAgreesWithNthElementIncludingTies) {
-  for (std::size_t n : {1u, 2u, 7u, 1000u, 100003u}) {
+  // 2^21 + 5: large enough that the prefiltered select runs at ratio 0.01
+  // (and falls back on the tied data); the smaller sizes prefilter only at
+  // the larger ratios.
+  for (std::size_t n : {1u, 2u, 7u, 1000u, 100003u, (1u << 21) + 5u}) {
     for (int data = 0; data < 3; ++data) {
       std::vector<float> x = data == 0   ? normal(n, 11 + static_cast<std::uint32_t>(n))
                              : data == 1 ? ties_data(n, 5)
