@@ -771,6 +771,12 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
   if (!no_shm.empty() && log::enabled(cfg.log_level, LogLevel::warn)) {
     log::write(LogLevel::warn, r, "no node-local shared memory (" + no_shm + "); the node's ranks use the transport");
   }
+  if (shm && log::enabled(cfg.log_level, LogLevel::info)) {
+    log::write(LogLevel::info, r,
+               std::string("node-local shared memory: ") + std::to_string(shm->size()) + " ranks, " +
+                   std::to_string(shm->slots()) + " slots of " + std::to_string(shm->slot_bytes() >> 10) +
+                   " KiB");
+  }
   std::unique_ptr<CommImpl> impl;
   try {
     impl = std::make_unique<CommImpl>(std::move(world), std::move(topo), cfg, std::move(connect), std::move(shm));
