@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds cclz (release) and prints
-# cclz-perf's all-reduce table (nccl-tests' columns, with the MPI baseline
-# measured in the same run) on 4 local ranks. Idempotent: a second run
-# rebuilds nothing and just measures again.
+# The main job, a short tour on local defaults: installs what is missing,
+# builds cclz (release), then
+#   1. prints cclz-perf's all-reduce table (nccl-tests' columns, with the MPI
+#      baseline measured in the same run) on 4 local ranks;
+#   2. runs a quick compressor convergence comparison (scripts/cclz-compare
+#      --compressors quick: none, bf16, ef+topk, int8, powersgd:rank=4; one
+#      seed, 300 steps of the reference GPT on 2 ranks) and prints its table
+#      and where its plots are (results/main-<date>/).
+# Idempotent: a second run rebuilds nothing and just measures again.
 #
 # Environment: CCLZ_BUILD_DIR (default build), CCLZ_JOBS (compile jobs,
-# default: number of cores), CCLZ_RANKS (default 4). Extra arguments go to
-# cclz-perf (e.g. -b 8 -e 256M -f 2, -A all for every algorithm).
+# default: number of cores), CCLZ_RANKS (cclz-perf's ranks, default 4),
+# CCLZ_COMPARE=0 to skip step 2, CCLZ_COMPARE_STEPS (300). Extra arguments
+# go to cclz-perf (e.g. -b 8 -e 256M -f 2, -A all for every algorithm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,4 +43,11 @@ bind=()
 if (( ranks <= $(nproc) )) && [[ $launcher == *mpich* || $launcher == *hydra* ]]; then
   bind=(-bind-to core)
 fi
-exec "$launcher" "${bind[@]}" -n "$ranks" "$build/bench/cclz-perf" "$coll" "$@" </dev/null
+"$launcher" "${bind[@]}" -n "$ranks" "$build/bench/cclz-perf" "$coll" "$@" </dev/null
+
+if [[ ${CCLZ_COMPARE:-1} != 0 ]]; then
+  echo
+  echo "# quick compressor comparison: scripts/cclz-compare --compressors quick (2 ranks, 1 seed)"
+  /usr/bin/python3 scripts/cclz-compare --build "$build" --compressors quick --seeds 1 \
+    --steps "${CCLZ_COMPARE_STEPS:-300}" --run "main-$(date +%Y%m%d-%H%M%S)" </dev/null
+fi
