@@ -13,6 +13,7 @@ packages=(
   libopenblas-dev                           # PowerSGD (libcclz), reference trainers
   python3-matplotlib                        # cclz-compare's plots
   python3-torch python3-dev                 # the torch.distributed backend and its tests
+  libtorch-dev pybind11-dev                 # headers of the torch.distributed backend (c10d, pybind11)
 )
 
 missing=()
