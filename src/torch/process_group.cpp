@@ -1,0 +1,528 @@
+// torch.distributed backend "cclz": a c10d process group whose collectives
+// run on a cclz::Comm, plus the compressed all-reduce behind the DDP
+// communication hook (cclz.torch.hook). Python module cclz._C.
+//
+// Bootstrap: the constructor gets the c10d Store of init_process_group; rank
+// 0 makes a cclz::UniqueId and sets its bytes under kUniqueIdKey, the others
+// block on the store's get, then every rank calls Comm::init_rank.
+//
+// Completion: each collective issues cclz requests on the caller's thread
+// (so the order on the Comm is the order of the calls, as cclz requires) and
+// hands them to one completion thread per process group. That thread waits
+// on them in issue order (a Comm completes them in that order), copies
+// staged results into the caller's tensors, and completes the Work's future,
+// which is what Work::wait() and DDP's getFuture() wait on. Errors become
+// the future's exception, with cclz's message.
+//
+// Versions: written against the c10d of Debian's PyTorch 1.13.1, where the
+// base class is c10d::ProcessGroup and c10d::Work already lives in Work.hpp;
+// in PyTorch 2.x the base is c10d::Backend (a ProcessGroup wraps backends per
+// device) and register_backend takes the device list. Only the 1.13 branch
+// is compiled and tested here; the 2.x branch follows the 2.x headers.
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cclz/cclz.hpp"
+#include "cclz/compress.hpp"
+#include "cclz/compressed.hpp"
+
+namespace cclz_torch {
+
+#if TORCH_VERSION_MAJOR >= 2
+using BaseGroup = c10d::Backend;
+#else
+using BaseGroup = c10d::ProcessGroup;
+#endif
+
+constexpr const char* kUniqueIdKey = "cclz_unique_id";
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error("cclz backend: " + what); }
+
+void check_status(const cclz::Status& st, const char* op) {
+  if (!st.ok()) fail(std::string(op) + ": " + st.to_string());
+}
+
+cclz::DataType to_cclz(at::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kFloat: return cclz::DataType::f32;
+    case at::kDouble: return cclz::DataType::f64;
+    case at::kHalf: return cclz::DataType::f16;
+    case at::kBFloat16: return cclz::DataType::bf16;
+    case at::kInt: return cclz::DataType::i32;
+    case at::kLong: return cclz::DataType::i64;
+    case at::kChar: return cclz::DataType::i8;
+    case at::kByte: return cclz::DataType::u8;
+    default:
+      fail(std::string(op) + ": unsupported dtype " + std::string(c10::toString(t)) +
+           " (supported: float32, float64, float16, bfloat16, int32, int64, int8, uint8)");
+  }
+}
+
+cclz::ReduceOp to_cclz(const c10d::ReduceOp& op, const char* name) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return cclz::ReduceOp::sum;
+    case c10d::ReduceOp::AVG: return cclz::ReduceOp::avg;
+    case c10d::ReduceOp::PRODUCT: return cclz::ReduceOp::prod;
+    case c10d::ReduceOp::MIN: return cclz::ReduceOp::min;
+    case c10d::ReduceOp::MAX: return cclz::ReduceOp::max;
+    default:
+      fail(std::string(name) + ": unsupported reduce op " + std::to_string(static_cast<int>(op.op_)) +
+           " (supported: SUM, AVG, PRODUCT, MIN, MAX)");
+  }
+}
+
+// Rejects what cclz cannot move: non-CPU tensors (the CUDA path is the NCCL
+// ABI's), unsupported dtypes. Returns the cclz dtype.
+cclz::DataType check_tensor(const at::Tensor& t, const char* op) {
+  if (!t.device().is_cpu())
+    fail(std::string(op) + ": tensor on " + t.device().str() + "; the cclz backend takes CPU tensors only");
+  if (t.is_sparse()) fail(std::string(op) + ": sparse tensors are not supported");
+  return to_cclz(t.scalar_type(), op);
+}
+
+void check_single(const std::vector<at::Tensor>& ts, const char* op) {
+  if (ts.size() != 1) fail(std::string(op) + ": expects exactly one tensor per call, got " + std::to_string(ts.size()));
+}
+
+std::size_t elems(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
+
+class CclzWork : public c10d::Work {
+ public:
+  CclzWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+      : c10d::Work(rank, type),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<at::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override {
+    return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout == kNoTimeout) {
+      future_->wait();
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      while (!future_->completed()) {
+        if (std::chrono::steady_clock::now() > deadline)
+          fail("Work::wait timed out after " + std::to_string(timeout.count()) + " ms");
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+  void synchronize() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  void complete(std::exception_ptr error) {
+    if (error)
+      future_->setError(error);
+    else
+      future_->markCompleted(c10::IValue(outputs_));
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<at::ivalue::Future> future_;
+};
+
+// One issued collective: its requests, what to do after them (copy staged
+// results back), and the Work to complete.
+struct Pending {
+  std::vector<cclz::Request> requests;
+  std::function<void()> finish;
+  c10::intrusive_ptr<CclzWork> work;
+  std::string op;
+};
+
+class ProcessGroupCclz : public BaseGroup {
+ public:
+  ProcessGroupCclz(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) : BaseGroup(rank, size) {
+    cclz::UniqueId id{};
+    if (rank == 0) {
+      check_status(cclz::Comm::create_unique_id(&id), "create_unique_id");
+      std::vector<uint8_t> bytes(sizeof(id.internal));
+      std::memcpy(bytes.data(), id.internal, bytes.size());
+      store->set(kUniqueIdKey, bytes);
+    } else {
+      std::vector<uint8_t> bytes = store->get(kUniqueIdKey);
+      if (bytes.size() != sizeof(id.internal))
+        fail("the unique id in the store has " + std::to_string(bytes.size()) + " bytes, expected " +
+             std::to_string(sizeof(id.internal)));
+      std::memcpy(id.internal, bytes.data(), bytes.size());
+    }
+    check_status(cclz::Comm::init_rank(&comm_, size, id, rank), "init_rank");
+    completer_ = std::thread([this] { complete_loop(); });
+  }
+
+  ~ProcessGroupCclz() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (completer_.joinable()) completer_.join();
+    if (comm_) (void)comm_->destroy();
+  }
+
+  const std::string getBackendName() const override { return "cclz"; }
+  cclz::Comm& comm() { return *comm_; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    check_single(tensors, "allreduce");
+    return allreduce_many(tensors, opts.reduceOp, c10d::OpType::ALLREDUCE, "allreduce");
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    return allreduce_many(tensors, opts.reduceOp, c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced");
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    check_single(tensors, "broadcast");
+    const cclz::DataType dt = check_tensor(tensors[0], "broadcast");
+    Staged s = stage(tensors[0]);
+    Pending p = start(c10d::OpType::BROADCAST, tensors, "broadcast");
+    p.requests.push_back(comm_->broadcast(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf), dt,
+                                          static_cast<int>(opts.rootRank)));
+    p.finish = s.copy_back;
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    check_single(tensors, "reduce");
+    const cclz::DataType dt = check_tensor(tensors[0], "reduce");
+    const cclz::ReduceOp op = to_cclz(opts.reduceOp, "reduce");
+    Staged s = stage(tensors[0]);
+    Pending p = start(c10d::OpType::REDUCE, tensors, "reduce");
+    p.requests.push_back(comm_->reduce(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf), dt, op,
+                                       static_cast<int>(opts.rootRank)));
+    p.finish = s.copy_back;
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& /*opts*/) override {
+    check_single(inputs, "allgather");
+    if (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(getSize()))
+      fail("allgather: expects one output list of " + std::to_string(getSize()) + " tensors");
+    const at::Tensor& in = inputs[0];
+    const cclz::DataType dt = check_tensor(in, "allgather");
+    for (const at::Tensor& o : outputs[0]) {
+      check_tensor(o, "allgather");
+      if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type())
+        fail("allgather: every output tensor must have the input's numel and dtype");
+    }
+    at::Tensor src = in.contiguous();
+    at::Tensor flat = at::empty({static_cast<int64_t>(getSize()) * in.numel()}, in.options());
+    Pending p = start(c10d::OpType::ALLGATHER, outputs[0], "allgather");
+    p.requests.push_back(comm_->all_gather(src.data_ptr(), flat.data_ptr(), elems(in), dt));
+    std::vector<at::Tensor> outs = outputs[0];
+    p.finish = [src, flat, outs, n = in.numel()]() mutable {
+      for (std::size_t r = 0; r < outs.size(); ++r)
+        outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
+    };
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& /*opts*/) override {
+    const cclz::DataType dt = check_tensor(input, "allgather_into_tensor");
+    check_tensor(output, "allgather_into_tensor");
+    if (output.numel() != input.numel() * getSize() || output.scalar_type() != input.scalar_type())
+      fail("allgather_into_tensor: the output must have world_size * input.numel() elements of the input's dtype");
+    at::Tensor src = input.contiguous();
+    Staged s = stage(output);
+    std::vector<at::Tensor> outs{output};
+    Pending p = start(c10d::OpType::_ALLGATHER_BASE, outs, "allgather_into_tensor");
+    p.requests.push_back(comm_->all_gather(src.data_ptr(), s.buf.data_ptr(), elems(input), dt));
+    p.finish = [src, cb = s.copy_back] { cb(); };
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    check_single(outputs, "reduce_scatter");
+    if (inputs.size() != 1 || inputs[0].size() != static_cast<std::size_t>(getSize()))
+      fail("reduce_scatter: expects one input list of " + std::to_string(getSize()) + " tensors");
+    at::Tensor& out = outputs[0];
+    const cclz::DataType dt = check_tensor(out, "reduce_scatter");
+    const cclz::ReduceOp op = to_cclz(opts.reduceOp, "reduce_scatter");
+    std::vector<at::Tensor> flat_parts;
+    for (const at::Tensor& t : inputs[0]) {
+      check_tensor(t, "reduce_scatter");
+      if (t.numel() != out.numel() || t.scalar_type() != out.scalar_type())
+        fail("reduce_scatter: every input tensor must have the output's numel and dtype");
+      flat_parts.push_back(t.reshape({-1}));
+    }
+    at::Tensor src = at::cat(flat_parts);
+    Staged s = stage(out);
+    Pending p = start(c10d::OpType::REDUCE_SCATTER, outputs, "reduce_scatter");
+    p.requests.push_back(comm_->reduce_scatter(src.data_ptr(), s.buf.data_ptr(), elems(out), dt, op));
+    p.finish = [src, cb = s.copy_back] { cb(); };
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    const cclz::DataType dt = check_tensor(input, "reduce_scatter_tensor");
+    check_tensor(output, "reduce_scatter_tensor");
+    const cclz::ReduceOp op = to_cclz(opts.reduceOp, "reduce_scatter_tensor");
+    if (input.numel() != output.numel() * getSize() || output.scalar_type() != input.scalar_type())
+      fail("reduce_scatter_tensor: the input must have world_size * output.numel() elements of the output's dtype");
+    at::Tensor src = input.contiguous();
+    Staged s = stage(output);
+    std::vector<at::Tensor> outs{output};
+    Pending p = start(c10d::OpType::_REDUCE_SCATTER_BASE, outs, "reduce_scatter_tensor");
+    p.requests.push_back(comm_->reduce_scatter(src.data_ptr(), s.buf.data_ptr(), elems(output), dt, op));
+    p.finish = [src, cb = s.copy_back] { cb(); };
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& /*opts*/) override {
+    const cclz::DataType dt = check_tensor(input, "alltoall_base");
+    check_tensor(output, "alltoall_base");
+    if (output.scalar_type() != input.scalar_type()) fail("alltoall_base: input and output dtypes differ");
+    const std::size_t n = static_cast<std::size_t>(getSize());
+    at::Tensor src = input.contiguous();
+    Staged s = stage(output);
+    std::vector<at::Tensor> outs{output};
+    Pending p = start(c10d::OpType::ALLTOALL_BASE, outs, "alltoall_base");
+    if (input_splits.empty() && output_splits.empty()) {
+      if (input.numel() % static_cast<int64_t>(n) != 0 || output.numel() != input.numel())
+        fail("alltoall_base: equal splits need input.numel() divisible by world_size and output.numel() == input.numel()");
+      p.requests.push_back(comm_->all_to_all(src.data_ptr(), s.buf.data_ptr(), elems(input) / n, dt));
+    } else {
+      auto counts = [&](const std::vector<int64_t>& splits, const at::Tensor& t, const char* which) {
+        std::vector<std::size_t> c(n), d(n);
+        const int64_t rows = t.dim() > 0 ? t.size(0) : 1;
+        const int64_t row_elems = rows > 0 ? t.numel() / rows : 0;
+        std::size_t off = 0;
+        for (std::size_t r = 0; r < n; ++r) {
+          const int64_t k = splits.empty() ? rows / static_cast<int64_t>(n) : splits[r];
+          c[r] = static_cast<std::size_t>(k * row_elems);
+          d[r] = off;
+          off += c[r];
+        }
+        if ((!splits.empty() && splits.size() != n) || off != elems(t))
+          fail(std::string("alltoall_base: ") + which + " splits do not cover the " + which + " tensor's first dimension");
+        return std::make_pair(c, d);
+      };
+      auto [sc, sd] = counts(input_splits, input, "input");
+      auto [rc, rd] = counts(output_splits, output, "output");
+      p.requests.push_back(comm_->all_to_allv(src.data_ptr(), sc, sd, s.buf.data_ptr(), rc, rd, dt));
+    }
+    p.finish = [src, cb = s.copy_back] { cb(); };
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& /*opts*/) override {
+    std::vector<at::Tensor> none;
+    Pending p = start(c10d::OpType::BARRIER, none, "barrier");
+    p.requests.push_back(comm_->barrier());
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int /*tag*/) override {
+    check_single(tensors, "send");
+    const cclz::DataType dt = check_tensor(tensors[0], "send");
+    at::Tensor src = tensors[0].contiguous();
+    Pending p = start(c10d::OpType::SEND, tensors, "send");
+    p.requests.push_back(comm_->send(src.data_ptr(), elems(src), dt, dst));
+    p.finish = [src] {};
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int /*tag*/) override {
+    check_single(tensors, "recv");
+    const cclz::DataType dt = check_tensor(tensors[0], "recv");
+    Staged s = stage(tensors[0]);
+    Pending p = start(c10d::OpType::RECV, tensors, "recv");
+    p.requests.push_back(comm_->recv(s.buf.data_ptr(), elems(s.buf), dt, src_rank));
+    p.finish = s.copy_back;
+    return submit(std::move(p));
+  }
+
+  // The DDP hook's all-reduce: compressed, averaged, in place, blocking.
+  // State per bucket index; a bucket whose size changed (DDP rebuilds its
+  // buckets after the first step) gets a fresh state.
+  void compressed_allreduce(at::Tensor& bucket, const std::string& spec, int64_t bucket_index) {
+    const cclz::DataType dt = check_tensor(bucket, "compressed allreduce");
+    if (!bucket.is_contiguous()) fail("compressed allreduce: the bucket buffer is not contiguous");
+    std::lock_guard<std::mutex> lock(hook_mu_);
+    auto& comp = compressors_[spec];
+    if (!comp) check_status(cclz::make_compressor(spec, &comp), "compressor spec");
+    cclz::TensorDesc desc;
+    desc.count = elems(bucket);
+    desc.dtype = dt;
+    auto& state = states_[{spec, bucket_index}];
+    if (!state || state->desc().count != desc.count || state->desc().dtype != desc.dtype)
+      check_status(comp->make_state(desc, &state), "compressor state");
+    cclz::CompressedOptions opt;
+    opt.average = true;
+    opt.name = "ddp bucket " + std::to_string(bucket_index);
+    check_status(cclz::compressed_all_reduce(*comm_, bucket.data_ptr(), desc, *comp, *state, opt),
+                 "compressed allreduce");
+  }
+
+ private:
+  // A contiguous buffer for a collective to write into, and how to put its
+  // result back into the caller's tensor (nothing when it is the tensor).
+  struct Staged {
+    at::Tensor buf;
+    std::function<void()> copy_back;
+  };
+  static Staged stage(const at::Tensor& t) {
+    if (t.is_contiguous()) return {t, [] {}};
+    at::Tensor buf = t.contiguous();
+    at::Tensor dst = t;
+    return {buf, [buf, dst]() mutable { dst.copy_(buf); }};
+  }
+
+  Pending start(c10d::OpType type, const std::vector<at::Tensor>& outputs, const char* op) {
+    Pending p;
+    p.work = c10::make_intrusive<CclzWork>(getRank(), type, outputs);
+    p.op = op;
+    return p;
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_many(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& rop,
+                                                c10d::OpType type, const char* name) {
+    const cclz::ReduceOp op = to_cclz(rop, name);
+    std::vector<cclz::DataType> dts;
+    for (const at::Tensor& t : tensors) dts.push_back(check_tensor(t, name));
+    Pending p = start(type, tensors, name);
+    std::vector<std::function<void()>> backs;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      Staged s = stage(tensors[i]);
+      p.requests.push_back(comm_->all_reduce(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf), dts[i], op));
+      backs.push_back(s.copy_back);
+    }
+    p.finish = [backs] {
+      for (const auto& b : backs) b();
+    };
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<c10d::Work> submit(Pending p) {
+    c10::intrusive_ptr<c10d::Work> work = p.work;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(p));
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  void complete_loop() {
+    for (;;) {
+      Pending p;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        p = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        for (cclz::Request& r : p.requests) {
+          const cclz::Status st = r.wait();
+          if (!st.ok()) fail(p.op + ": " + st.to_string());
+        }
+        if (p.finish) p.finish();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      p.finish = nullptr;  // drop staged buffers before waking the caller
+      p.work->complete(error);
+    }
+  }
+
+  std::unique_ptr<cclz::Comm> comm_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+  std::thread completer_;
+
+  std::mutex hook_mu_;
+  std::map<std::string, std::unique_ptr<cclz::Compressor>> compressors_;
+  std::map<std::pair<std::string, int64_t>, std::unique_ptr<cclz::CompressorState>> states_;
+};
+
+c10::intrusive_ptr<BaseGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                     std::chrono::milliseconds /*timeout*/) {
+  return c10::make_intrusive<ProcessGroupCclz>(store, rank, size);
+}
+
+ProcessGroupCclz& as_cclz(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+#if TORCH_VERSION_MAJOR >= 2
+  auto* p = dynamic_cast<ProcessGroupCclz*>(pg->getBackend(c10::DeviceType::CPU).get());
+#else
+  auto* p = dynamic_cast<ProcessGroupCclz*>(pg.get());
+#endif
+  if (p == nullptr)
+    throw std::invalid_argument("cclz.torch.hook: the DDP process group is not a cclz one (backend \"" +
+                                pg->getBackendName() + "\"); use init_process_group(backend=\"cclz\")");
+  return *p;
+}
+
+}  // namespace cclz_torch
+
+PYBIND11_MODULE(_C, m) {
+  namespace py = pybind11;
+  using cclz_torch::ProcessGroupCclz;
+  m.doc() = "cclz torch.distributed backend (C++ part); import cclz.torch to register it";
+  py::class_<ProcessGroupCclz, cclz_torch::BaseGroup, c10::intrusive_ptr<ProcessGroupCclz>>(m, "ProcessGroupCclz");
+  m.def("create_process_group", &cclz_torch::create, py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("timeout"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "check_spec",
+      [](const std::string& spec) {
+        std::unique_ptr<cclz::Compressor> c;
+        const cclz::Status st = cclz::make_compressor(spec, &c);
+        if (!st.ok()) throw std::invalid_argument("cclz compressor spec '" + spec + "': " + st.message());
+      },
+      py::arg("spec"), "Raises ValueError naming the spec when cclz cannot make a compressor from it.");
+  m.def(
+      "compressed_allreduce",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, at::Tensor bucket, const std::string& spec,
+         int64_t bucket_index) { cclz_torch::as_cclz(pg).compressed_allreduce(bucket, spec, bucket_index); },
+      py::arg("process_group"), py::arg("bucket"), py::arg("spec"), py::arg("bucket_index"),
+      py::call_guard<py::gil_scoped_release>(),
+      "In place: the bucket becomes the mean over ranks of the compressed gradients.");
+}

@@ -1,0 +1,54 @@
+"""torch.distributed backend "cclz" and the compressed DDP communication hook.
+
+    import cclz.torch
+    torch.distributed.init_process_group(backend="cclz")
+    ddp.register_comm_hook(None, cclz.torch.hook("powersgd:rank=4"))
+
+Importing this module registers the backend. See docs/torch.md.
+"""
+import torch
+import torch.distributed as dist
+
+from cclz import _C
+
+__all__ = ["hook", "BACKEND"]
+
+BACKEND = "cclz"
+
+
+def _register():
+    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}) or hasattr(dist.Backend, BACKEND.upper()):
+        return  # already registered (the module was reloaded)
+    if int(torch.__version__.split(".")[0]) >= 2:
+        # 2.x wraps backends per device in a ProcessGroup; cclz serves CPU tensors.
+        dist.Backend.register_backend(BACKEND, _C.create_process_group, devices=["cpu"])
+    else:
+        dist.Backend.register_backend(BACKEND, _C.create_process_group)
+
+
+_register()
+
+
+def hook(spec):
+    """A DDP communication hook that all-reduces each gradient bucket with
+    cclz's compressed all-reduce under the compressor `spec` (e.g.
+    "powersgd:rank=4", "ef+topk:ratio=0.01"), averaged over ranks. The
+    compressor state (error-feedback residual, PowerSGD's Q) is kept in C++
+    per bucket index. Register it with `ddp.register_comm_hook(pg, hook(spec))`,
+    `pg` a cclz process group or None for the default group.
+
+    Raises ValueError naming the spec when it is not a valid compressor spec."""
+    if not isinstance(spec, str):
+        raise TypeError(f"cclz.torch.hook: spec must be a str, got {type(spec).__name__}")
+    _C.check_spec(spec)
+
+    def cclz_compressed_hook(state, bucket):
+        pg = state if state is not None else dist.distributed_c10d._get_default_group()
+        buf = bucket.buffer()
+        _C.compressed_allreduce(pg, buf, spec, bucket.index())
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
+
+    cclz_compressed_hook.spec = spec
+    return cclz_compressed_hook
