@@ -8,11 +8,12 @@
 //
 // Completion: each collective issues cclz requests on the caller's thread
 // (so the order on the Comm is the order of the calls, as cclz requires) and
-// hands them to one completion thread per process group. That thread waits
-// on them in issue order (a Comm completes them in that order), copies
-// staged results into the caller's tensors, and completes the Work's future,
-// which is what Work::wait() and DDP's getFuture() wait on. Errors become
-// the future's exception, with cclz's message.
+// returns a Work. Work::wait() waits on the requests in the caller's thread,
+// which lets cclz run the collective right there (no thread hop: the cheap
+// path for blocking calls), then copies staged results into the caller's
+// tensors. Work::getFuture() (DDP's reducer) hands the Work to one
+// completion thread per process group, which does the same and completes
+// the future. Errors become exceptions with cclz's message.
 //
 // Versions: written against the c10d of Debian's PyTorch 1.13.1, where the
 // base class is c10d::ProcessGroup and c10d::Work already lives in Work.hpp;
@@ -32,6 +33,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #endif
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -110,14 +112,72 @@ void check_single(const std::vector<at::Tensor>& ts, const char* op) {
 
 std::size_t elems(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
 
+class CclzWork;
+
+// The thread that completes the futures of Works whose getFuture() was
+// asked for (DDP's reducer, async callers chaining then()); works that are
+// only wait()ed on never reach it. Works hold it weakly, so the last
+// reference is the process group's.
+class Completer {
+ public:
+  Completer() : thread_([this] { loop(); }) {}
+  ~Completer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(c10::intrusive_ptr<CclzWork> work) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(work));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<c10::intrusive_ptr<CclzWork>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after the members it uses
+};
+
+// One issued collective: its requests and what to do after them (copy staged
+// results back). Run once, by whichever comes first: the caller's
+// Work::wait() (which then drives cclz's engine itself, the cheap path for
+// blocking calls) or the completion thread (for futures nobody waits on).
+struct Job {
+  std::vector<cclz::Request> requests;
+  std::function<void()> finish;
+  std::string op;
+  std::mutex mu;
+  bool done = false;
+
+  void run(CclzWork& work);
+};
+
 class CclzWork : public c10d::Work {
  public:
-  CclzWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+  CclzWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::shared_ptr<Job> job,
+           std::weak_ptr<Completer> completer)
       : c10d::Work(rank, type),
         outputs_(std::move(outputs)),
+        job_(std::move(job)),
+        completer_(std::move(completer)),
         future_(c10::make_intrusive<at::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
-  bool isCompleted() override { return future_->completed(); }
+  bool isCompleted() override {
+    if (future_->completed()) return true;
+    // Poll the requests; finish here when they are all done.
+    for (cclz::Request& r : job_->requests)
+      if (!r.test()) return false;
+    job_->run(*this);
+    return true;
+  }
   bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
   std::exception_ptr exception() const override {
     return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
@@ -125,20 +185,31 @@ class CclzWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
   bool wait(std::chrono::milliseconds timeout) override {
     if (timeout == kNoTimeout) {
-      future_->wait();
+      job_->run(*this);
     } else {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
-      while (!future_->completed()) {
+      while (!isCompleted()) {
         if (std::chrono::steady_clock::now() > deadline)
-          fail("Work::wait timed out after " + std::to_string(timeout.count()) + " ms");
+          fail(job_->op + ": Work::wait timed out after " + std::to_string(timeout.count()) + " ms");
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
+    future_->wait();
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
     return true;
   }
   void synchronize() override {}
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    bool expected = false;
+    if (!future_->completed() && handed_over_.compare_exchange_strong(expected, true)) {
+      if (auto c = completer_.lock()) {
+        c->push(c10::intrusive_ptr<CclzWork>::reclaim_copy(this));
+      } else {
+        job_->run(*this);  // the group is gone: its requests are complete
+      }
+    }
+    return future_;
+  }
 
   void complete(std::exception_ptr error) {
     if (error)
@@ -146,19 +217,55 @@ class CclzWork : public c10d::Work {
     else
       future_->markCompleted(c10::IValue(outputs_));
   }
+  const std::shared_ptr<Job>& job() const { return job_; }
 
  private:
   std::vector<at::Tensor> outputs_;
+  std::shared_ptr<Job> job_;
+  std::weak_ptr<Completer> completer_;
+  std::atomic<bool> handed_over_{false};
   c10::intrusive_ptr<at::ivalue::Future> future_;
 };
 
-// One issued collective: its requests, what to do after them (copy staged
-// results back), and the Work to complete.
+void Completer::loop() {
+  for (;;) {
+    c10::intrusive_ptr<CclzWork> work;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    work->job()->run(*work);
+  }
+}
+
+void Job::run(CclzWork& work) {
+  // Waited on outside the lock: two threads may wait on one request.
+  cclz::Status first_error;
+  for (cclz::Request& r : requests) {
+    const cclz::Status st = r.wait();
+    if (!st.ok() && first_error.ok()) first_error = st;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (done) return;
+  std::exception_ptr error;
+  try {
+    if (!first_error.ok()) fail(op + ": " + first_error.to_string());
+    if (finish) finish();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  finish = nullptr;  // drop staged buffers before waking anyone
+  done = true;
+  work.complete(error);
+}
+
+// What a collective builds before submitting: the Work and its Job.
 struct Pending {
-  std::vector<cclz::Request> requests;
-  std::function<void()> finish;
   c10::intrusive_ptr<CclzWork> work;
-  std::string op;
+  Job& job() { return *work->job(); }
 };
 
 class ProcessGroupCclz : public BaseGroup {
@@ -178,16 +285,11 @@ class ProcessGroupCclz : public BaseGroup {
       std::memcpy(id.internal, bytes.data(), bytes.size());
     }
     check_status(cclz::Comm::init_rank(&comm_, size, id, rank), "init_rank");
-    completer_ = std::thread([this] { complete_loop(); });
+    completer_ = std::make_shared<Completer>();
   }
 
   ~ProcessGroupCclz() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (completer_.joinable()) completer_.join();
+    completer_.reset();  // completes what was handed to it
     if (comm_) (void)comm_->destroy();
   }
 
@@ -211,9 +313,9 @@ class ProcessGroupCclz : public BaseGroup {
     const cclz::DataType dt = check_tensor(tensors[0], "broadcast");
     Staged s = stage(tensors[0]);
     Pending p = start(c10d::OpType::BROADCAST, tensors, "broadcast");
-    p.requests.push_back(comm_->broadcast(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf), dt,
+    p.job().requests.push_back(comm_->broadcast(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf), dt,
                                           static_cast<int>(opts.rootRank)));
-    p.finish = s.copy_back;
+    p.job().finish = s.copy_back;
     return submit(std::move(p));
   }
 
@@ -223,9 +325,9 @@ class ProcessGroupCclz : public BaseGroup {
     const cclz::ReduceOp op = to_cclz(opts.reduceOp, "reduce");
     Staged s = stage(tensors[0]);
     Pending p = start(c10d::OpType::REDUCE, tensors, "reduce");
-    p.requests.push_back(comm_->reduce(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf), dt, op,
+    p.job().requests.push_back(comm_->reduce(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf), dt, op,
                                        static_cast<int>(opts.rootRank)));
-    p.finish = s.copy_back;
+    p.job().finish = s.copy_back;
     return submit(std::move(p));
   }
 
@@ -245,9 +347,9 @@ class ProcessGroupCclz : public BaseGroup {
     at::Tensor src = in.contiguous();
     at::Tensor flat = at::empty({static_cast<int64_t>(getSize()) * in.numel()}, in.options());
     Pending p = start(c10d::OpType::ALLGATHER, outputs[0], "allgather");
-    p.requests.push_back(comm_->all_gather(src.data_ptr(), flat.data_ptr(), elems(in), dt));
+    p.job().requests.push_back(comm_->all_gather(src.data_ptr(), flat.data_ptr(), elems(in), dt));
     std::vector<at::Tensor> outs = outputs[0];
-    p.finish = [src, flat, outs, n = in.numel()]() mutable {
+    p.job().finish = [src, flat, outs, n = in.numel()]() mutable {
       for (std::size_t r = 0; r < outs.size(); ++r)
         outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
     };
@@ -264,8 +366,8 @@ class ProcessGroupCclz : public BaseGroup {
     Staged s = stage(output);
     std::vector<at::Tensor> outs{output};
     Pending p = start(c10d::OpType::_ALLGATHER_BASE, outs, "allgather_into_tensor");
-    p.requests.push_back(comm_->all_gather(src.data_ptr(), s.buf.data_ptr(), elems(input), dt));
-    p.finish = [src, cb = s.copy_back] { cb(); };
+    p.job().requests.push_back(comm_->all_gather(src.data_ptr(), s.buf.data_ptr(), elems(input), dt));
+    p.job().finish = [src, cb = s.copy_back] { cb(); };
     return submit(std::move(p));
   }
 
@@ -288,8 +390,8 @@ class ProcessGroupCclz : public BaseGroup {
     at::Tensor src = at::cat(flat_parts);
     Staged s = stage(out);
     Pending p = start(c10d::OpType::REDUCE_SCATTER, outputs, "reduce_scatter");
-    p.requests.push_back(comm_->reduce_scatter(src.data_ptr(), s.buf.data_ptr(), elems(out), dt, op));
-    p.finish = [src, cb = s.copy_back] { cb(); };
+    p.job().requests.push_back(comm_->reduce_scatter(src.data_ptr(), s.buf.data_ptr(), elems(out), dt, op));
+    p.job().finish = [src, cb = s.copy_back] { cb(); };
     return submit(std::move(p));
   }
 
@@ -304,8 +406,8 @@ class ProcessGroupCclz : public BaseGroup {
     Staged s = stage(output);
     std::vector<at::Tensor> outs{output};
     Pending p = start(c10d::OpType::_REDUCE_SCATTER_BASE, outs, "reduce_scatter_tensor");
-    p.requests.push_back(comm_->reduce_scatter(src.data_ptr(), s.buf.data_ptr(), elems(output), dt, op));
-    p.finish = [src, cb = s.copy_back] { cb(); };
+    p.job().requests.push_back(comm_->reduce_scatter(src.data_ptr(), s.buf.data_ptr(), elems(output), dt, op));
+    p.job().finish = [src, cb = s.copy_back] { cb(); };
     return submit(std::move(p));
   }
 
@@ -324,7 +426,7 @@ class ProcessGroupCclz : public BaseGroup {
     if (input_splits.empty() && output_splits.empty()) {
       if (input.numel() % static_cast<int64_t>(n) != 0 || output.numel() != input.numel())
         fail("alltoall_base: equal splits need input.numel() divisible by world_size and output.numel() == input.numel()");
-      p.requests.push_back(comm_->all_to_all(src.data_ptr(), s.buf.data_ptr(), elems(input) / n, dt));
+      p.job().requests.push_back(comm_->all_to_all(src.data_ptr(), s.buf.data_ptr(), elems(input) / n, dt));
     } else {
       auto counts = [&](const std::vector<int64_t>& splits, const at::Tensor& t, const char* which) {
         std::vector<std::size_t> c(n), d(n);
@@ -343,16 +445,16 @@ class ProcessGroupCclz : public BaseGroup {
       };
       auto [sc, sd] = counts(input_splits, input, "input");
       auto [rc, rd] = counts(output_splits, output, "output");
-      p.requests.push_back(comm_->all_to_allv(src.data_ptr(), sc, sd, s.buf.data_ptr(), rc, rd, dt));
+      p.job().requests.push_back(comm_->all_to_allv(src.data_ptr(), sc, sd, s.buf.data_ptr(), rc, rd, dt));
     }
-    p.finish = [src, cb = s.copy_back] { cb(); };
+    p.job().finish = [src, cb = s.copy_back] { cb(); };
     return submit(std::move(p));
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& /*opts*/) override {
     std::vector<at::Tensor> none;
     Pending p = start(c10d::OpType::BARRIER, none, "barrier");
-    p.requests.push_back(comm_->barrier());
+    p.job().requests.push_back(comm_->barrier());
     return submit(std::move(p));
   }
 
@@ -361,8 +463,8 @@ class ProcessGroupCclz : public BaseGroup {
     const cclz::DataType dt = check_tensor(tensors[0], "send");
     at::Tensor src = tensors[0].contiguous();
     Pending p = start(c10d::OpType::SEND, tensors, "send");
-    p.requests.push_back(comm_->send(src.data_ptr(), elems(src), dt, dst));
-    p.finish = [src] {};
+    p.job().requests.push_back(comm_->send(src.data_ptr(), elems(src), dt, dst));
+    p.job().finish = [src] {};
     return submit(std::move(p));
   }
 
@@ -371,8 +473,8 @@ class ProcessGroupCclz : public BaseGroup {
     const cclz::DataType dt = check_tensor(tensors[0], "recv");
     Staged s = stage(tensors[0]);
     Pending p = start(c10d::OpType::RECV, tensors, "recv");
-    p.requests.push_back(comm_->recv(s.buf.data_ptr(), elems(s.buf), dt, src_rank));
-    p.finish = s.copy_back;
+    p.job().requests.push_back(comm_->recv(s.buf.data_ptr(), elems(s.buf), dt, src_rank));
+    p.job().finish = s.copy_back;
     return submit(std::move(p));
   }
 
@@ -413,10 +515,9 @@ class ProcessGroupCclz : public BaseGroup {
   }
 
   Pending start(c10d::OpType type, const std::vector<at::Tensor>& outputs, const char* op) {
-    Pending p;
-    p.work = c10::make_intrusive<CclzWork>(getRank(), type, outputs);
-    p.op = op;
-    return p;
+    auto job = std::make_shared<Job>();
+    job->op = op;
+    return Pending{c10::make_intrusive<CclzWork>(getRank(), type, outputs, std::move(job), completer_)};
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_many(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& rop,
@@ -428,56 +529,19 @@ class ProcessGroupCclz : public BaseGroup {
     std::vector<std::function<void()>> backs;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       Staged s = stage(tensors[i]);
-      p.requests.push_back(comm_->all_reduce(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf), dts[i], op));
+      p.job().requests.push_back(comm_->all_reduce(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf), dts[i], op));
       backs.push_back(s.copy_back);
     }
-    p.finish = [backs] {
+    p.job().finish = [backs] {
       for (const auto& b : backs) b();
     };
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> submit(Pending p) {
-    c10::intrusive_ptr<c10d::Work> work = p.work;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(p));
-    }
-    cv_.notify_one();
-    return work;
-  }
-
-  void complete_loop() {
-    for (;;) {
-      Pending p;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, nothing left
-        p = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::exception_ptr error;
-      try {
-        for (cclz::Request& r : p.requests) {
-          const cclz::Status st = r.wait();
-          if (!st.ok()) fail(p.op + ": " + st.to_string());
-        }
-        if (p.finish) p.finish();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      p.finish = nullptr;  // drop staged buffers before waking the caller
-      p.work->complete(error);
-    }
-  }
+  static c10::intrusive_ptr<c10d::Work> submit(Pending p) { return p.work; }
 
   std::unique_ptr<cclz::Comm> comm_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Pending> queue_;
-  bool stopping_ = false;
-  std::thread completer_;
+  std::shared_ptr<Completer> completer_;
 
   std::mutex hook_mu_;
   std::map<std::string, std::unique_ptr<cclz::Compressor>> compressors_;

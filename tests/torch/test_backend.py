@@ -200,6 +200,17 @@ def check_collectives(ck):
     ck.same("async all_reduce", t,
             reference_reduce([rank_input(r, 1 << 16, torch.float32) for r in range(n)], "sum", n))
 
+    # The future path (what DDP's reducer uses): completed by the group's
+    # completion thread without anyone calling wait().
+    t = rank_input(rank, 1000, torch.float64)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    ck.same("all_reduce future", fut.wait()[0],
+            reference_reduce([rank_input(r, 1000, torch.float64) for r in range(n)], "sum", n))
+    # is_completed() polled alone reaches true.
+    w = dist.all_reduce(torch.ones(10), async_op=True)
+    while not w.is_completed():
+        pass
+
     # Errors surface as exceptions with a clear message.
     try:
         dist.all_reduce(torch.ones(3, dtype=torch.bool))
