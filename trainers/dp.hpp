@@ -43,7 +43,7 @@ namespace cclz::train {
 
 struct DpOptions {
   std::string compressor = "none";  // a cclz compressor spec for the gradient buckets
-  int bucket_kb = 256;              // minimum bucket size in KiB (the default model gets 4)
+  int bucket_kb = 256;              // minimum bucket size in KiB (the default model gets 5)
   int local_steps = 1;              // > 1: local SGD, parameters averaged every H steps
   std::string checkpoint;           // directory; empty: no checkpoints
   int checkpoint_every = 0;         // steps; 0: only at the end (when a directory is given)
