@@ -23,7 +23,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
+#if __has_include(<torch/csrc/distributed/c10d/Work.hpp>)
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#define CCLZ_TORCH_WORK_HPP 1
+#endif
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -45,6 +48,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -59,6 +63,23 @@ using BaseGroup = c10d::Backend;
 #else
 using BaseGroup = c10d::ProcessGroup;
 #endif
+// Debian's 1.13 (a later snapshot than upstream 1.13.0) and 2.x have
+// c10d::Work in Work.hpp; upstream 1.13.0 nests it in ProcessGroup.
+#ifdef CCLZ_TORCH_WORK_HPP
+using WorkBase = c10d::Work;
+#else
+using WorkBase = c10d::ProcessGroup::Work;
+#endif
+
+// ReduceOp is a plain enum in older c10d and a struct holding one (op_) in
+// newer ones.
+template <typename Op>
+int reduce_op_code(const Op& op) {
+  if constexpr (std::is_enum_v<Op>)
+    return static_cast<int>(op);
+  else
+    return static_cast<int>(op.op_);
+}
 
 constexpr const char* kUniqueIdKey = "cclz_unique_id";
 
@@ -85,14 +106,14 @@ cclz::DataType to_cclz(at::ScalarType t, const char* op) {
 }
 
 cclz::ReduceOp to_cclz(const c10d::ReduceOp& op, const char* name) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM: return cclz::ReduceOp::sum;
-    case c10d::ReduceOp::AVG: return cclz::ReduceOp::avg;
-    case c10d::ReduceOp::PRODUCT: return cclz::ReduceOp::prod;
-    case c10d::ReduceOp::MIN: return cclz::ReduceOp::min;
-    case c10d::ReduceOp::MAX: return cclz::ReduceOp::max;
+  switch (reduce_op_code(op)) {
+    case static_cast<int>(c10d::ReduceOp::SUM): return cclz::ReduceOp::sum;
+    case static_cast<int>(c10d::ReduceOp::AVG): return cclz::ReduceOp::avg;
+    case static_cast<int>(c10d::ReduceOp::PRODUCT): return cclz::ReduceOp::prod;
+    case static_cast<int>(c10d::ReduceOp::MIN): return cclz::ReduceOp::min;
+    case static_cast<int>(c10d::ReduceOp::MAX): return cclz::ReduceOp::max;
     default:
-      fail(std::string(name) + ": unsupported reduce op " + std::to_string(static_cast<int>(op.op_)) +
+      fail(std::string(name) + ": unsupported reduce op " + std::to_string(reduce_op_code(op)) +
            " (supported: SUM, AVG, PRODUCT, MIN, MAX)");
   }
 }
@@ -160,11 +181,11 @@ struct Job {
   void run(CclzWork& work);
 };
 
-class CclzWork : public c10d::Work {
+class CclzWork : public WorkBase {
  public:
   CclzWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::shared_ptr<Job> job,
            std::weak_ptr<Completer> completer)
-      : c10d::Work(rank, type),
+      : WorkBase(rank, type),
         outputs_(std::move(outputs)),
         job_(std::move(job)),
         completer_(std::move(completer)),
@@ -296,18 +317,18 @@ class ProcessGroupCclz : public BaseGroup {
   const std::string getBackendName() const override { return "cclz"; }
   cclz::Comm& comm() { return *comm_; }
 
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+  c10::intrusive_ptr<WorkBase> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     check_single(tensors, "allreduce");
     return allreduce_many(tensors, opts.reduceOp, c10d::OpType::ALLREDUCE, "allreduce");
   }
 
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+  c10::intrusive_ptr<WorkBase> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override {
     return allreduce_many(tensors, opts.reduceOp, c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced");
   }
 
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+  c10::intrusive_ptr<WorkBase> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
     check_single(tensors, "broadcast");
     const cclz::DataType dt = check_tensor(tensors[0], "broadcast");
@@ -319,7 +340,7 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+  c10::intrusive_ptr<WorkBase> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
     check_single(tensors, "reduce");
     const cclz::DataType dt = check_tensor(tensors[0], "reduce");
     const cclz::ReduceOp op = to_cclz(opts.reduceOp, "reduce");
@@ -331,7 +352,7 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+  c10::intrusive_ptr<WorkBase> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& /*opts*/) override {
     check_single(inputs, "allgather");
@@ -356,7 +377,7 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+  c10::intrusive_ptr<WorkBase> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& /*opts*/) override {
     const cclz::DataType dt = check_tensor(input, "allgather_into_tensor");
     check_tensor(output, "allgather_into_tensor");
@@ -371,7 +392,7 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+  c10::intrusive_ptr<WorkBase> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
     check_single(outputs, "reduce_scatter");
@@ -395,7 +416,7 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+  c10::intrusive_ptr<WorkBase> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
     const cclz::DataType dt = check_tensor(input, "reduce_scatter_tensor");
     check_tensor(output, "reduce_scatter_tensor");
@@ -411,7 +432,7 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+  c10::intrusive_ptr<WorkBase> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& /*opts*/) override {
@@ -451,14 +472,14 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& /*opts*/) override {
+  c10::intrusive_ptr<WorkBase> barrier(const c10d::BarrierOptions& /*opts*/) override {
     std::vector<at::Tensor> none;
     Pending p = start(c10d::OpType::BARRIER, none, "barrier");
     p.job().requests.push_back(comm_->barrier());
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int /*tag*/) override {
+  c10::intrusive_ptr<WorkBase> send(std::vector<at::Tensor>& tensors, int dst, int /*tag*/) override {
     check_single(tensors, "send");
     const cclz::DataType dt = check_tensor(tensors[0], "send");
     at::Tensor src = tensors[0].contiguous();
@@ -468,7 +489,7 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int /*tag*/) override {
+  c10::intrusive_ptr<WorkBase> recv(std::vector<at::Tensor>& tensors, int src_rank, int /*tag*/) override {
     check_single(tensors, "recv");
     const cclz::DataType dt = check_tensor(tensors[0], "recv");
     Staged s = stage(tensors[0]);
@@ -520,7 +541,7 @@ class ProcessGroupCclz : public BaseGroup {
     return Pending{c10::make_intrusive<CclzWork>(getRank(), type, outputs, std::move(job), completer_)};
   }
 
-  c10::intrusive_ptr<c10d::Work> allreduce_many(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& rop,
+  c10::intrusive_ptr<WorkBase> allreduce_many(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& rop,
                                                 c10d::OpType type, const char* name) {
     const cclz::ReduceOp op = to_cclz(rop, name);
     std::vector<cclz::DataType> dts;
@@ -538,7 +559,7 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
-  static c10::intrusive_ptr<c10d::Work> submit(Pending p) { return p.work; }
+  static c10::intrusive_ptr<WorkBase> submit(Pending p) { return p.work; }
 
   std::unique_ptr<cclz::Comm> comm_;
   std::shared_ptr<Completer> completer_;
