@@ -133,6 +133,23 @@ void check_single(const std::vector<at::Tensor>& ts, const char* op) {
 
 std::size_t elems(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
 
+// Releases the GIL for its scope when this thread holds it (a blocking wait
+// on a thread that takes the GIL must not hold it).
+class ReleaseGilIfHeld {
+ public:
+  ReleaseGilIfHeld() {
+    if (Py_IsInitialized() && PyGILState_Check()) state_ = PyEval_SaveThread();
+  }
+  ~ReleaseGilIfHeld() {
+    if (state_ != nullptr) PyEval_RestoreThread(state_);
+  }
+  ReleaseGilIfHeld(const ReleaseGilIfHeld&) = delete;
+  ReleaseGilIfHeld& operator=(const ReleaseGilIfHeld&) = delete;
+
+ private:
+  PyThreadState* state_ = nullptr;
+};
+
 class CclzWork;
 
 // The thread that completes the futures of Works whose getFuture() was
@@ -310,6 +327,7 @@ class ProcessGroupCclz : public BaseGroup {
   }
 
   ~ProcessGroupCclz() override {
+    stop_hook_lane();
     completer_.reset();  // completes what was handed to it
     if (comm_) (void)comm_->destroy();
   }
@@ -521,6 +539,42 @@ class ProcessGroupCclz : public BaseGroup {
                  "compressed allreduce");
   }
 
+  // The hook's path: the compressed all-reduce of a bucket runs on the hook
+  // lane (one thread per group, FIFO), so backward goes on meanwhile; `fut`
+  // (a torch.futures.Future) gets the bucket, or a RuntimeError with cclz's
+  // message. Called with the GIL held.
+  void compressed_allreduce_async(at::Tensor bucket, std::string spec, int64_t bucket_index, pybind11::object fut) {
+    namespace py = pybind11;
+    // The Python objects are only touched, and released, under the GIL.
+    auto* py_fut = new py::object(std::move(fut));
+    auto task = [this, bucket, spec = std::move(spec), bucket_index, py_fut]() mutable {
+      std::string error;
+      try {
+        compressed_allreduce(bucket, spec, bucket_index);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      py::gil_scoped_acquire gil;
+      try {
+        if (error.empty())
+          py_fut->attr("set_result")(py::cast(bucket));
+        else
+          py_fut->attr("set_exception")(py::module_::import("builtins").attr("RuntimeError")(error));
+      } catch (py::error_already_set& e) {
+        e.restore();
+        PyErr_Print();  // nowhere else to report it: the future stays pending
+      }
+      delete py_fut;
+    };
+    {
+      std::lock_guard<std::mutex> lock(lane_mu_);
+      if (!lane_thread_.joinable()) lane_thread_ = std::thread([this] { hook_lane(); });
+      lane_.push_back(std::move(task));
+      lane_pending_.fetch_add(1);
+    }
+    lane_cv_.notify_all();
+  }
+
  private:
   // A contiguous buffer for a collective to write into, and how to put its
   // result back into the caller's tensor (nothing when it is the tensor).
@@ -536,6 +590,7 @@ class ProcessGroupCclz : public BaseGroup {
   }
 
   Pending start(c10d::OpType type, const std::vector<at::Tensor>& outputs, const char* op) {
+    wait_for_hook_lane();
     auto job = std::make_shared<Job>();
     job->op = op;
     return Pending{c10::make_intrusive<CclzWork>(getRank(), type, outputs, std::move(job), completer_)};
@@ -563,6 +618,48 @@ class ProcessGroupCclz : public BaseGroup {
 
   std::unique_ptr<cclz::Comm> comm_;
   std::shared_ptr<Completer> completer_;
+
+  // A collective issued while compressed hook all-reduces are queued would
+  // reach the Comm before them on one rank and after them on another: it
+  // waits for the lane to drain first. Free when no hook is in flight.
+  void wait_for_hook_lane() {
+    if (lane_pending_.load() == 0) return;
+    ReleaseGilIfHeld no_gil;
+    std::unique_lock<std::mutex> lock(lane_mu_);
+    lane_cv_.wait(lock, [this] { return lane_pending_.load() == 0; });
+  }
+  void hook_lane() {
+    std::unique_lock<std::mutex> lock(lane_mu_);
+    for (;;) {
+      lane_cv_.wait(lock, [this] { return lane_stop_ || !lane_.empty(); });
+      if (lane_.empty()) return;
+      auto task = std::move(lane_.front());
+      lane_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      lane_pending_.fetch_sub(1);
+      lane_cv_.notify_all();
+    }
+  }
+  void stop_hook_lane() {
+    {
+      std::lock_guard<std::mutex> lock(lane_mu_);
+      lane_stop_ = true;
+    }
+    lane_cv_.notify_all();
+    if (lane_thread_.joinable()) {
+      // Its tasks take the GIL: do not hold it while joining.
+      ReleaseGilIfHeld no_gil;
+      lane_thread_.join();
+    }
+  }
+  std::mutex lane_mu_;
+  std::condition_variable lane_cv_;
+  std::deque<std::function<void()>> lane_;
+  std::atomic<std::size_t> lane_pending_{0};
+  bool lane_stop_ = false;
+  std::thread lane_thread_;
 
   std::mutex hook_mu_;
   std::map<std::string, std::unique_ptr<cclz::Compressor>> compressors_;
@@ -610,4 +707,13 @@ PYBIND11_MODULE(_C, m) {
       py::arg("process_group"), py::arg("bucket"), py::arg("spec"), py::arg("bucket_index"),
       py::call_guard<py::gil_scoped_release>(),
       "In place: the bucket becomes the mean over ranks of the compressed gradients.");
+  m.def(
+      "compressed_allreduce_async",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, at::Tensor bucket, std::string spec,
+         int64_t bucket_index, py::object future) {
+        cclz_torch::as_cclz(pg).compressed_allreduce_async(std::move(bucket), std::move(spec), bucket_index,
+                                                           std::move(future));
+      },
+      py::arg("process_group"), py::arg("bucket"), py::arg("spec"), py::arg("bucket_index"), py::arg("future"),
+      "As compressed_allreduce, on the group's hook thread; `future` (torch.futures.Future) gets the bucket.");
 }

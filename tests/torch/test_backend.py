@@ -12,7 +12,8 @@ import is slow):
   * async Work objects (is_completed, wait) and errors (unsupported dtype);
   * DDP of a small MLP, 20 SGD steps, cclz against gloo: same parameters
     within 1e-5 relative;
-  * DDP with cclz.torch.hook("powersgd:rank=4"): the loss falls;
+  * DDP with cclz.torch.hook("powersgd:rank=4"): the loss falls; a
+    collective issued while a hook all-reduce is queued runs after it;
   * a bad spec raises ValueError naming the spec.
 """
 import os
@@ -279,6 +280,28 @@ def check_hook(ck):
     except ValueError as e:
         if "powersgd:rank=-3" not in str(e):
             raise AssertionError(f"the error does not name the spec: {e}")
+    from cclz import _C
+    pg = dist.distributed_c10d._get_default_group()
+    try:
+        _C.compressed_allreduce_async(ck.gloo, torch.ones(4), "powersgd:rank=4", 0, torch.futures.Future())
+        raise AssertionError("the hook's all-reduce on a gloo group did not raise")
+    except ValueError as e:
+        if "not a cclz one" not in str(e):
+            raise AssertionError(f"unexpected message for a gloo group: {e}")
+    # A dense collective issued while a hook all-reduce is queued runs after
+    # it on every rank (else the ranks' Comm orders would differ).
+    g = rank_input(ck.rank, 4096, torch.float32)
+    fut = torch.futures.Future()
+    _C.compressed_allreduce_async(pg, g, "powersgd:rank=2", 1000, fut)
+    x = rank_input(ck.rank, 7, torch.float32)
+    dist.all_reduce(x)
+    if not fut.done():
+        raise AssertionError("a collective was issued before the queued hook all-reduce finished")
+    ck.same("all_reduce after a queued hook", x,
+            reference_reduce([rank_input(r, 7, torch.float32) for r in range(ck.world)], "sum", ck.world))
+    if fut.wait().data_ptr() != g.data_ptr():
+        raise AssertionError("the hook's future does not hold the bucket")
+
     model = DDP(make_model(1), bucket_cap_mb=0.001)
     model.register_comm_hook(None, cclz.torch.hook("powersgd:rank=4"))
     losses = train(model, 60, ck.rank, lr=0.05)

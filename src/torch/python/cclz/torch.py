@@ -44,10 +44,9 @@ def hook(spec):
 
     def cclz_compressed_hook(state, bucket):
         pg = state if state is not None else dist.distributed_c10d._get_default_group()
-        buf = bucket.buffer()
-        _C.compressed_allreduce(pg, buf, spec, bucket.index())
+        # Runs on the group's hook thread, so backward goes on meanwhile.
         fut = torch.futures.Future()
-        fut.set_result(buf)
+        _C.compressed_allreduce_async(pg, bucket.buffer(), spec, bucket.index(), fut)
         return fut
 
     cclz_compressed_hook.spec = spec
