@@ -568,7 +568,10 @@ class ProcessGroupCclz : public BaseGroup {
     };
     {
       std::lock_guard<std::mutex> lock(lane_mu_);
-      if (!lane_thread_.joinable()) lane_thread_ = std::thread([this] { hook_lane(); });
+      if (!lane_thread_.joinable()) {
+        lane_thread_ = std::thread([this] { hook_lane(); });
+        lane_thread_id_.store(lane_thread_.get_id());
+      }
       lane_.push_back(std::move(task));
       lane_pending_.fetch_add(1);
     }
@@ -624,6 +627,9 @@ class ProcessGroupCclz : public BaseGroup {
   // waits for the lane to drain first. Free when no hook is in flight.
   void wait_for_hook_lane() {
     if (lane_pending_.load() == 0) return;
+    // On the lane itself (a callback of a hook's future issuing a
+    // collective): it is already in order, and waiting would never end.
+    if (std::this_thread::get_id() == lane_thread_id_.load()) return;
     ReleaseGilIfHeld no_gil;
     std::unique_lock<std::mutex> lock(lane_mu_);
     lane_cv_.wait(lock, [this] { return lane_pending_.load() == 0; });
@@ -660,6 +666,7 @@ class ProcessGroupCclz : public BaseGroup {
   std::atomic<std::size_t> lane_pending_{0};
   bool lane_stop_ = false;
   std::thread lane_thread_;
+  std::atomic<std::thread::id> lane_thread_id_{};
 
   std::mutex hook_mu_;
   std::map<std::string, std::unique_ptr<cclz::Compressor>> compressors_;
