@@ -15,6 +15,12 @@
 // completion thread per process group, which does the same and completes
 // the future. Errors become exceptions with cclz's message.
 //
+// DDP hook: cclz.torch.hook's compressed all-reduce of a bucket (averaged,
+// compressor state per bucket index) runs on a second thread, the hook
+// lane, FIFO, and completes the torch.futures.Future the hook returned. A
+// collective issued while the lane is busy waits for it to drain, so that
+// the order of operations on the Comm is the call order on every rank.
+//
 // Versions: written against the c10d of Debian's PyTorch 1.13.1, where the
 // base class is c10d::ProcessGroup and c10d::Work already lives in Work.hpp;
 // in PyTorch 2.x the base is c10d::Backend (a ProcessGroup wraps backends per
@@ -708,13 +714,6 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("spec"), "Raises ValueError naming the spec when cclz cannot make a compressor from it.");
   m.def(
-      "compressed_allreduce",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, at::Tensor bucket, const std::string& spec,
-         int64_t bucket_index) { cclz_torch::as_cclz(pg).compressed_allreduce(bucket, spec, bucket_index); },
-      py::arg("process_group"), py::arg("bucket"), py::arg("spec"), py::arg("bucket_index"),
-      py::call_guard<py::gil_scoped_release>(),
-      "In place: the bucket becomes the mean over ranks of the compressed gradients.");
-  m.def(
       "compressed_allreduce_async",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, at::Tensor bucket, std::string spec,
          int64_t bucket_index, py::object future) {
@@ -722,5 +721,6 @@ PYBIND11_MODULE(_C, m) {
                                                            std::move(future));
       },
       py::arg("process_group"), py::arg("bucket"), py::arg("spec"), py::arg("bucket_index"), py::arg("future"),
-      "As compressed_allreduce, on the group's hook thread; `future` (torch.futures.Future) gets the bucket.");
+      "In place, on the group's hook thread: the bucket becomes the mean over ranks of the compressed "
+      "gradients; `future` (torch.futures.Future) then gets the bucket.");
 }
