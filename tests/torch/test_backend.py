@@ -9,7 +9,8 @@ import is slow):
     result for the same inputs (small integers: exact in any order); where
     gloo does not support a dtype or op, against the sum computed locally
     from every rank's known input;
-  * async Work objects (is_completed, wait) and errors (unsupported dtype);
+  * async Work objects (is_completed, wait, get_future) and errors
+    (unsupported dtype and op, cclz's own for a bad peer);
   * DDP of a small MLP, 20 SGD steps, cclz against gloo: same parameters
     within 1e-5 relative;
   * DDP with cclz.torch.hook("powersgd:rank=4"): the loss falls; a
@@ -328,12 +329,20 @@ def worker(rank, world, port, errors):
         check_collectives(ck)
         worst = check_ddp(ck)
         first, last = check_hook(ck)
+        # A cclz error (a peer that is not in the group) comes out of wait()
+        # as a RuntimeError with cclz's message. Last: it may end the group.
+        try:
+            dist.distributed_c10d._get_default_group().send([torch.ones(3)], world + 5, 0).wait()
+            raise AssertionError("send to a rank outside the group did not raise")
+        except RuntimeError as e:
+            if "cclz backend: send:" not in str(e) or "not a rank of this communicator" not in str(e):
+                raise AssertionError(f"unexpected message for a bad peer: {e}")
         if rank == 0:
             print(f"{world} ranks: collectives ok ({ck.compared_gloo} compared with gloo, "
                   f"{ck.compared_ref} with the local reference where gloo lacks the dtype/op); "
                   f"DDP 20 steps: max relative difference from gloo {worst:.3g}; "
                   f"powersgd:rank=4 hook: loss {first:.4f} -> {last:.4f}; bad spec raises", flush=True)
-        dist.barrier()
+        dist.barrier(group=gloo)
         dist.destroy_process_group()
     except Exception:
         errors.put(f"rank {rank}:\n{traceback.format_exc()}")
