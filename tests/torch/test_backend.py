@@ -193,6 +193,15 @@ def check_collectives(ck):
     ck.same("send/recv", r, torch.full((5,), float((rank - 1) % n)))
     dist.barrier()
 
+    # A cclz subgroup of the even ranks (its own store prefix, so its own
+    # unique id); every rank calls new_group, only members construct it.
+    evens = list(range(0, n, 2))
+    sub = dist.new_group(evens, backend="cclz")
+    if rank in evens:
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t, group=sub)
+        ck.same("all_reduce on an even-rank subgroup", t, torch.full((3,), float(sum(r + 1 for r in evens))))
+
     # Async Work: completes, wait() returns, result correct.
     t = rank_input(rank, 1 << 16, torch.float32)
     w = dist.all_reduce(t, async_op=True)
