@@ -496,6 +496,76 @@ class ProcessGroupCclz : public BaseGroup {
     return submit(std::move(p));
   }
 
+  // gather and scatter as point-to-point with the root: each non-root rank
+  // moves only its own part (cclz has no rooted gather/scatter collective).
+  c10::intrusive_ptr<WorkBase> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                      const c10d::GatherOptions& opts) override {
+    check_single(inputs, "gather");
+    const int root = static_cast<int>(opts.rootRank);
+    const at::Tensor& in = inputs[0];
+    const cclz::DataType dt = check_tensor(in, "gather");
+    at::Tensor src = in.contiguous();
+    if (getRank() != root) {
+      if (!outputs.empty() && !outputs[0].empty()) fail("gather: only the root rank takes output tensors");
+      Pending p = start(c10d::OpType::GATHER, {}, "gather");
+      p.job().requests.push_back(comm_->send(src.data_ptr(), elems(src), dt, root));
+      p.job().finish = [src] {};
+      return submit(std::move(p));
+    }
+    if (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(getSize()))
+      fail("gather: the root expects one output list of " + std::to_string(getSize()) + " tensors");
+    std::vector<Staged> staged;
+    for (const at::Tensor& o : outputs[0]) {
+      check_tensor(o, "gather");
+      if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type())
+        fail("gather: every output tensor must have the input's numel and dtype");
+      staged.push_back(stage(o));
+    }
+    Pending p = start(c10d::OpType::GATHER, outputs[0], "gather");
+    std::vector<std::function<void()>> backs;
+    for (int r = 0; r < getSize(); ++r) {
+      if (r == root) continue;  // its own part is copied in finish
+      p.job().requests.push_back(comm_->recv(staged[r].buf.data_ptr(), elems(src), dt, r));
+      backs.push_back(staged[r].copy_back);
+    }
+    at::Tensor own = outputs[0][root];
+    p.job().finish = [src, own, backs]() mutable {
+      own.copy_(src.view(own.sizes()));
+      for (const auto& b : backs) b();
+    };
+    return submit(std::move(p));
+  }
+
+  c10::intrusive_ptr<WorkBase> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                       const c10d::ScatterOptions& opts) override {
+    check_single(outputs, "scatter");
+    const int root = static_cast<int>(opts.rootRank);
+    at::Tensor& out = outputs[0];
+    const cclz::DataType dt = check_tensor(out, "scatter");
+    Staged s = stage(out);
+    Pending p = start(c10d::OpType::SCATTER, outputs, "scatter");
+    if (getRank() != root) {
+      if (!inputs.empty() && !inputs[0].empty()) fail("scatter: only the root rank takes input tensors");
+      p.job().requests.push_back(comm_->recv(s.buf.data_ptr(), elems(out), dt, root));
+      p.job().finish = s.copy_back;
+      return submit(std::move(p));
+    }
+    if (inputs.size() != 1 || inputs[0].size() != static_cast<std::size_t>(getSize()))
+      fail("scatter: the root expects one input list of " + std::to_string(getSize()) + " tensors");
+    std::vector<at::Tensor> srcs;
+    for (const at::Tensor& t : inputs[0]) {
+      check_tensor(t, "scatter");
+      if (t.numel() != out.numel() || t.scalar_type() != out.scalar_type())
+        fail("scatter: every input tensor must have the output's numel and dtype");
+      srcs.push_back(t.contiguous());
+    }
+    for (int r = 0; r < getSize(); ++r)
+      if (r != root) p.job().requests.push_back(comm_->send(srcs[r].data_ptr(), elems(srcs[r]), dt, r));
+    at::Tensor own = out;
+    p.job().finish = [srcs, own, root]() mutable { own.copy_(srcs[root].view(own.sizes())); };
+    return submit(std::move(p));
+  }
+
   c10::intrusive_ptr<WorkBase> barrier(const c10d::BarrierOptions& /*opts*/) override {
     std::vector<at::Tensor> none;
     Pending p = start(c10d::OpType::BARRIER, none, "barrier");

@@ -121,6 +121,22 @@ def check_collectives(ck):
             return out
         ck.against_gloo(f"all_gather_into_tensor {dtype}", agather_base, lambda inputs=inputs: torch.cat(inputs))
 
+        def gath(group, dtype=dtype):
+            root = n - 1
+            outs = [torch.zeros(count, dtype=dtype) for _ in range(n)] if rank == root else None
+            dist.gather(rank_input(rank, count, dtype), outs, dst=root, group=group)
+            return torch.cat(outs) if rank == root else torch.zeros(0, dtype=dtype)
+        ck.against_gloo(f"gather {dtype}", gath,
+                        lambda inputs=inputs, dtype=dtype: torch.cat(inputs) if rank == n - 1
+                        else torch.zeros(0, dtype=dtype))
+
+        def scat(group, dtype=dtype):
+            ins = [rank_input(0, count, dtype) + j for j in range(n)] if rank == 0 else None
+            out = torch.zeros(count, dtype=dtype)
+            dist.scatter(out, ins, src=0, group=group)
+            return out
+        ck.against_gloo(f"scatter {dtype}", scat, lambda dtype=dtype: (rank_input(0, count, dtype) + rank).to(dtype))
+
         def rscatter(group, dtype=dtype):
             ins = [rank_input(rank, count, dtype) + j for j in range(n)]
             out = torch.zeros(count, dtype=dtype)
