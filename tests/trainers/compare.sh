@@ -31,6 +31,10 @@ grep -q "^| none | 1 | [0-9.]* +- 0.0000 | $(printf '%.4f' "$val") +- 0.0000 |" 
   fail "none's final val loss $val is not in the table: $(grep '^| none' out/ok/table.md)"
 sent=$(awk -F, 'NR > 1 { s += $9; n++ } END { printf "%.3f", s / n / 1e6 }' out/ok/csv/ef-topk_ratio0.01.seed1.csv)
 grep '^| ef+topk' out/ok/table.md | grep -q "| $sent MB |" || fail "ef+topk's $sent MB/step is not in the table"
+# The wait for reductions comes from cclz-train's summary line in the run's log.
+waited=$(grep -o 'waited [0-9.]* ms/step' out/ok/logs/none.seed1.txt | tail -1 | awk '{ printf "%.1f", $2 }')
+[[ -n $waited ]] && grep '^| none ' out/ok/table.md | grep -q "| $waited |" ||
+  fail "none's wait '$waited' ms/step is not in the table: $(grep '^| none' out/ok/table.md)"
 # --tabulate reads the CSVs again and trains nothing: the same table.
 cp out/ok/table.md table-run.md
 "$compare" "${tiny[@]}" --run ok --compressors "none ef+topk:ratio=0.01" --tabulate >tab.txt 2>&1 ||
