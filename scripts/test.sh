@@ -8,7 +8,9 @@
 #      fault scenarios),
 #   3. builds the multi-rank tests again with AddressSanitizer and
 #      UndefinedBehaviorSanitizer in build-asan/ and runs the 'mpi-core'
-#      suite there (N = 1..4, the declared-node runs, CCLZ_CHECK, faults).
+#      suite there (N = 1..4, the declared-node runs, CCLZ_CHECK, faults),
+#      and where they are built the 'nccl-asan' suite (libcclz_nccl's C
+#      test) and the 'trainers-mpi' suite (cclz-train on real ranks).
 # Exits non-zero if anything failed; prints the time of each step.
 #
 # Environment: CCLZ_BUILD_DIR (default build), CCLZ_ASAN_BUILD_DIR (default
@@ -61,13 +63,24 @@ if [[ ${CCLZ_SKIP_ASAN:-0} != 1 ]]; then
     meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized \
       -Dbenchmarks=disabled
   fi
-  ninja -C "$asan" -j "$jobs" tests/mpi/cclz-mpi-tests tests/mpi/cclz-fault
+  asan_targets=(tests/mpi/cclz-mpi-tests tests/mpi/cclz-fault)
+  asan_suites=(--suite mpi-core)
+  # libcclz_nccl through its C test, and cclz-train on real ranks, when built.
+  if ninja -C "$asan" -t targets all 2>/dev/null | grep -q '^tests/nccl/cclz-nccl-test:'; then
+    asan_targets+=(tests/nccl/cclz-nccl-test)
+    asan_suites+=(--suite nccl-asan)
+  fi
+  if ninja -C "$asan" -t targets all 2>/dev/null | grep -q '^trainers/cclz-train:'; then
+    asan_targets+=(trainers/cclz-train trainers/cclz-train-local)
+    asan_suites+=(--suite trainers-mpi)
+  fi
+  ninja -C "$asan" -j "$jobs" "${asan_targets[@]}"
   step "build ($asan)" $((SECONDS - t)) ok
 
   t=$SECONDS
   UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none \
-    meson test -C "$asan" --no-rebuild --print-errorlogs --suite mpi-core --timeout-multiplier 3 || asan_rc=$?
-  step "meson test mpi-core ($asan)" $((SECONDS - t)) "$([[ $asan_rc -eq 0 ]] && echo ok || echo FAILED)"
+    meson test -C "$asan" --no-rebuild --print-errorlogs "${asan_suites[@]}" --timeout-multiplier 3 || asan_rc=$?
+  step "meson test ${asan_suites[*]//--suite /} ($asan)" $((SECONDS - t)) "$([[ $asan_rc -eq 0 ]] && echo ok || echo FAILED)"
 fi
 
 echo
