@@ -67,7 +67,7 @@ if [[ ${CCLZ_SKIP_ASAN:-0} != 1 ]]; then
   asan_suites=(--suite mpi-core)
   # libcclz_nccl through its C test, and cclz-train on real ranks, when built.
   if ninja -C "$asan" -t targets all 2>/dev/null | grep -q '^tests/nccl/cclz-nccl-test:'; then
-    asan_targets+=(tests/nccl/cclz-nccl-test)
+    asan_targets+=(tests/nccl/cclz-nccl-test tests/nccl/cclz-nccl-fallback-test tests/nccl/standin/libstandin_nccl.so)
     asan_suites+=(--suite nccl-asan)
   fi
   if ninja -C "$asan" -t targets all 2>/dev/null | grep -q '^trainers/cclz-train:'; then

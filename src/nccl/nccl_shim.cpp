@@ -111,6 +111,19 @@ struct RealNccl {
   decltype(&::ncclRecv) recv = nullptr;
   decltype(&::ncclGroupStart) group_start = nullptr;
   decltype(&::ncclGroupEnd) group_end = nullptr;
+  // Newer calls, absent from older NCCLs: a call that needs one it lacks
+  // fails naming it.
+  decltype(&::ncclGather) gather = nullptr;
+  decltype(&::ncclScatter) scatter = nullptr;
+  decltype(&::ncclCommSplit) split = nullptr;
+  decltype(&::ncclCommFinalize) finalize = nullptr;
+  decltype(&::ncclCommGetAsyncError) async_error = nullptr;
+  decltype(&::ncclRedOpCreatePreMulSum) premulsum_create = nullptr;
+  decltype(&::ncclRedOpDestroy) premulsum_destroy = nullptr;
+  decltype(&::ncclMemAlloc) mem_alloc = nullptr;
+  decltype(&::ncclMemFree) mem_free = nullptr;
+  decltype(&::ncclCommRegister) comm_register = nullptr;
+  decltype(&::ncclCommDeregister) comm_deregister = nullptr;
 };
 
 const RealNccl& real_nccl() {
@@ -143,6 +156,20 @@ const RealNccl& real_nccl() {
     get(&r.recv, "ncclRecv");
     get(&r.group_start, "ncclGroupStart");
     get(&r.group_end, "ncclGroupEnd");
+    auto get_optional = [&](auto* fn, const char* sym) {
+      *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(dlsym(r.handle, sym));
+    };
+    get_optional(&r.gather, "ncclGather");
+    get_optional(&r.scatter, "ncclScatter");
+    get_optional(&r.split, "ncclCommSplit");
+    get_optional(&r.finalize, "ncclCommFinalize");
+    get_optional(&r.async_error, "ncclCommGetAsyncError");
+    get_optional(&r.premulsum_create, "ncclRedOpCreatePreMulSum");
+    get_optional(&r.premulsum_destroy, "ncclRedOpDestroy");
+    get_optional(&r.mem_alloc, "ncclMemAlloc");
+    get_optional(&r.mem_free, "ncclMemFree");
+    get_optional(&r.comm_register, "ncclCommRegister");
+    get_optional(&r.comm_deregister, "ncclCommDeregister");
     return r;
   }();
   return n;
@@ -154,6 +181,17 @@ struct PreMulSum {
   ncclDataType_t dtype;
   double scalar;              // HostImmediate: read at creation
   const void* ptr = nullptr;  // ScalarDevice on a host pointer: read at each call
+  bool device_scalar = false; // ScalarDevice on device memory: only the real NCCL can read it
+  bool has_real = false;      // the same op made on the real NCCL's communicator (fallback)
+  ncclRedOp_t real_op{};
+};
+
+// What ncclCommRegister's handle holds: the range, and the real NCCL's
+// handle when the buffer is device memory registered there.
+struct Registration {
+  void* buff;
+  std::size_t size;
+  void* real = nullptr;
 };
 
 struct CompressedEntry {
@@ -256,6 +294,22 @@ ncclResult_t real_result(ncclResult_t r) {
   return r;
 }
 
+// A forwarded call names the real NCCL's own op for a PreMulSum made here.
+ncclResult_t real_op(ncclComm_t comm, ncclRedOp_t op, ncclRedOp_t* out) {
+  *out = op;
+  if (op < ncclNumOps) return ncclSuccess;
+  std::lock_guard lk(comm->mu);
+  const auto it = comm->ops.find(static_cast<int>(op));
+  if (it == comm->ops.end()) return fail(ncclInvalidArgument, "unknown reduction op " + std::to_string(static_cast<int>(op)));
+  if (!it->second.has_real) return fail(ncclInvalidArgument, "the PreMulSum op has no counterpart in the real NCCL");
+  *out = it->second.real_op;
+  return ncclSuccess;
+}
+
+ncclResult_t real_missing(const char* what) {
+  return fail(ncclInvalidUsage, std::string("CCLZ_NCCL_FALLBACK=1: the real NCCL has no ") + what);
+}
+
 // The reduction for cclz, or PreMulSum: *scale gets its factor.
 ncclResult_t map_op(ncclComm_t comm, ncclRedOp_t op, ncclDataType_t dt, cclz::ReduceOp* out, double* scale) {
   *scale = 1.0;
@@ -268,6 +322,9 @@ ncclResult_t map_op(ncclComm_t comm, ncclRedOp_t op, ncclDataType_t dt, cclz::Re
   if (it == comm->ops.end()) return fail(ncclInvalidArgument, "unknown reduction op " + std::to_string(static_cast<int>(op)));
   if (it->second.dtype != dt) return fail(ncclInvalidArgument, "the PreMulSum op was made for another datatype");
   *out = cclz::ReduceOp::sum;
+  if (it->second.device_scalar) {
+    return fail(ncclInvalidArgument, "the PreMulSum op's scalar is in device memory: it applies to CUDA buffers only");
+  }
   if (it->second.ptr != nullptr) {
     const void* p = it->second.ptr;
     switch (dt) {
@@ -483,17 +540,32 @@ CCLZ_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nccl
   if (newcomm == nullptr) return fail(ncclInvalidArgument, "newcomm is NULL");
   if (ncclResult_t r = check_config(config); r != ncclSuccess) return r;
   *newcomm = nullptr;
-  if (comm->real != nullptr) return not_implemented("ncclCommSplit of a communicator with CCLZ_NCCL_FALLBACK=1");
+  if (comm->real != nullptr && real_nccl().split == nullptr) return real_missing("ncclCommSplit");
   auto out = std::make_unique<ncclComm>();
   if (cclz::Status st = comm->c->split(color == NCCL_SPLIT_NOCOLOR ? -1 : color, key, &out->c); !st.ok())
     return from_status(st);
   out->device = comm->device;
+  if (comm->real != nullptr) {
+    // The same split of the real NCCL's communicator (collective over the parent's ranks too).
+    if (ncclResult_t r = real_nccl().split(comm->real, color, key, &out->real, config); r != ncclSuccess) {
+      if (out->c) out->c->abort();
+      return real_result(r);
+    }
+    if ((out->real != nullptr) != static_cast<bool>(out->c)) {
+      if (out->c) out->c->abort();
+      if (out->real != nullptr) real_nccl().destroy(out->real);
+      return fail(ncclInternalError, "the real NCCL's split disagrees with cclz's on membership");
+    }
+  }
   if (out->c) *newcomm = out.release();
   return ncclSuccess;
 }
 
 CCLZ_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (comm->real != nullptr && real_nccl().finalize != nullptr) {
+    if (ncclResult_t r = real_result(real_nccl().finalize(comm->real)); r != ncclSuccess) return r;
+  }
   return from_status(comm->c->destroy());  // waits for queued work, then releases the transport
 }
 
@@ -521,6 +593,11 @@ CCLZ_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* as
   if (asyncError == nullptr) return fail(ncclInvalidArgument, "asyncError is NULL");
   const cclz::Status st = comm->c->async_error();
   *asyncError = st.ok() ? ncclSuccess : from_status(st);
+  if (*asyncError == ncclSuccess && comm->real != nullptr && real_nccl().async_error != nullptr) {
+    ncclResult_t real = ncclSuccess;
+    if (ncclResult_t r = real_result(real_nccl().async_error(comm->real, &real)); r != ncclSuccess) return r;
+    if (real != ncclSuccess) *asyncError = real_result(real);
+  }
   return ncclSuccess;
 }
 
@@ -572,7 +649,11 @@ CCLZ_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, siz
   if (ncclResult_t r = check_buffers(sendbuff, recvbuff, bytes, bytes); r != ncclSuccess) return r;
   bool fwd = false;
   if (ncclResult_t r = route(comm, sendbuff, recvbuff, &fwd); r != ncclSuccess) return r;
-  if (fwd) return real_result(real_nccl().all_reduce(sendbuff, recvbuff, count, datatype, op, comm->real, stream));
+  if (fwd) {
+    ncclRedOp_t rop{};
+    if (ncclResult_t r = real_op(comm, op, &rop); r != ncclSuccess) return r;
+    return real_result(real_nccl().all_reduce(sendbuff, recvbuff, count, datatype, rop, comm->real, stream));
+  }
   cclz::ReduceOp cop{};
   double scale = 1.0;
   if (ncclResult_t r = map_op(comm, op, datatype, &cop, &scale); r != ncclSuccess) return r;
@@ -606,7 +687,11 @@ CCLZ_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t
     return r;
   bool fwd = false;
   if (ncclResult_t r = route(comm, sendbuff, recvbuff, &fwd); r != ncclSuccess) return r;
-  if (fwd) return real_result(real_nccl().reduce(sendbuff, recvbuff, count, datatype, op, root, comm->real, stream));
+  if (fwd) {
+    ncclRedOp_t rop{};
+    if (ncclResult_t r = real_op(comm, op, &rop); r != ncclSuccess) return r;
+    return real_result(real_nccl().reduce(sendbuff, recvbuff, count, datatype, rop, root, comm->real, stream));
+  }
   cclz::ReduceOp cop{};
   double scale = 1.0;
   if (ncclResult_t r = map_op(comm, op, datatype, &cop, &scale); r != ncclSuccess) return r;
@@ -668,7 +753,9 @@ CCLZ_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff,
   bool fwd = false;
   if (ncclResult_t r = route(comm, sendbuff, recvbuff, &fwd); r != ncclSuccess) return r;
   if (fwd) {
-    return real_result(real_nccl().reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm->real, stream));
+    ncclRedOp_t rop{};
+    if (ncclResult_t r = real_op(comm, op, &rop); r != ncclSuccess) return r;
+    return real_result(real_nccl().reduce_scatter(sendbuff, recvbuff, recvcount, datatype, rop, comm->real, stream));
   }
   cclz::ReduceOp cop{};
   double scale = 1.0;
@@ -737,6 +824,12 @@ CCLZ_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t
   if (ncclResult_t r = check_dtype(datatype, false); r != ncclSuccess) return r;
   const std::size_t bytes = count * type_size(datatype);
   if (ncclResult_t r = check_buffers(sendbuff, me == root ? recvbuff : sendbuff, bytes, bytes); r != ncclSuccess) return r;
+  bool fwd = false;
+  if (ncclResult_t r = route(comm, sendbuff, me == root ? recvbuff : sendbuff, &fwd); r != ncclSuccess) return r;
+  if (fwd) {
+    if (real_nccl().gather == nullptr) return real_missing("ncclGather");
+    return real_result(real_nccl().gather(sendbuff, recvbuff, count, datatype, root, comm->real, stream));
+  }
   if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
   ncclResult_t res = ncclSuccess;
   if (me == root) {
@@ -765,6 +858,12 @@ CCLZ_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_
   if (ncclResult_t r = check_dtype(datatype, false); r != ncclSuccess) return r;
   const std::size_t bytes = count * type_size(datatype);
   if (ncclResult_t r = check_buffers(me == root ? sendbuff : recvbuff, recvbuff, bytes, bytes); r != ncclSuccess) return r;
+  bool fwd = false;
+  if (ncclResult_t r = route(comm, me == root ? sendbuff : recvbuff, recvbuff, &fwd); r != ncclSuccess) return r;
+  if (fwd) {
+    if (real_nccl().scatter == nullptr) return real_missing("ncclScatter");
+    return real_result(real_nccl().scatter(sendbuff, recvbuff, count, datatype, root, comm->real, stream));
+  }
   if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
   ncclResult_t res = ncclSuccess;
   if (me == root) {
@@ -816,9 +915,17 @@ CCLZ_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (op == nullptr || scalar == nullptr) return fail(ncclInvalidArgument, "op or scalar is NULL");
   if (ncclResult_t r = check_dtype(datatype, true); r != ncclSuccess) return r;
-  if (is_device_pointer(scalar)) return fail(ncclInvalidArgument, "a device scalar needs the CUDA path, which cclz has not yet");
+  const bool device_scalar = is_device_pointer(scalar);
+  if (device_scalar && (residence != ncclScalarDevice || comm->real == nullptr)) {
+    return fail(ncclInvalidArgument, residence != ncclScalarDevice
+                                         ? "a scalar in device memory must be ncclScalarDevice"
+                                         : "a device scalar needs CUDA buffers, which cclz serves only with "
+                                           "CCLZ_NCCL_FALLBACK=1");
+  }
   PreMulSum p{datatype, 1.0, nullptr};
-  if (residence == ncclScalarHostImmediate) {
+  if (device_scalar) {
+    p.device_scalar = true;
+  } else if (residence == ncclScalarHostImmediate) {
     switch (datatype) {
       case ncclFloat32: p.scalar = *static_cast<const float*>(scalar); break;
       case ncclFloat64: p.scalar = *static_cast<const double*>(scalar); break;
@@ -833,6 +940,14 @@ CCLZ_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   } else {
     return fail(ncclInvalidArgument, "unknown scalar residence");
   }
+  if (comm->real != nullptr) {
+    // The same op on the real NCCL's communicator, for calls on CUDA buffers.
+    if (real_nccl().premulsum_create == nullptr) return real_missing("ncclRedOpCreatePreMulSum");
+    if (ncclResult_t r = real_nccl().premulsum_create(&p.real_op, scalar, datatype, residence, comm->real);
+        r != ncclSuccess)
+      return real_result(r);
+    p.has_real = true;
+  }
   std::lock_guard lk(comm->mu);
   const int id = comm->next_op++;
   comm->ops[id] = p;
@@ -842,17 +957,34 @@ CCLZ_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
 
 CCLZ_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
-  std::lock_guard lk(comm->mu);
-  if (comm->ops.erase(static_cast<int>(op)) == 0) {
-    return fail(ncclInvalidArgument, "op " + std::to_string(static_cast<int>(op)) + " was not made by ncclRedOpCreatePreMulSum");
+  PreMulSum p{};
+  {
+    std::lock_guard lk(comm->mu);
+    const auto it = comm->ops.find(static_cast<int>(op));
+    if (it == comm->ops.end()) {
+      return fail(ncclInvalidArgument,
+                  "op " + std::to_string(static_cast<int>(op)) + " was not made by ncclRedOpCreatePreMulSum");
+    }
+    p = it->second;
+    comm->ops.erase(it);
+  }
+  if (p.has_real && real_nccl().premulsum_destroy != nullptr) {
+    return real_result(real_nccl().premulsum_destroy(p.real_op, comm->real));
   }
   return ncclSuccess;
 }
 
-// Host memory: cclz's buffers are host buffers (page-aligned, zeroed).
+// Host memory (page-aligned, zeroed), or with CCLZ_NCCL_FALLBACK=1 the real
+// NCCL's device memory, as a program written for NCCL expects.
 CCLZ_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   if (ptr == nullptr) return fail(ncclInvalidArgument, "ptr is NULL");
   *ptr = nullptr;
+  if (fallback_requested()) {
+    const RealNccl& real = real_nccl();
+    if (!real.error.empty()) return fail(ncclInvalidArgument, real.error);
+    if (real.mem_alloc == nullptr) return real_missing("ncclMemAlloc");
+    return real_result(real.mem_alloc(ptr, size));
+  }
   if (size == 0) return ncclSuccess;
   void* p = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
   if (p == nullptr) return fail(ncclSystemError, "cannot allocate " + std::to_string(size) + " bytes");
@@ -862,23 +994,39 @@ CCLZ_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
 }
 
 CCLZ_EXPORT ncclResult_t ncclMemFree(void* ptr) {
+  if (is_device_pointer(ptr)) {
+    if (real_nccl().mem_free == nullptr) return real_missing("ncclMemFree");
+    return real_result(real_nccl().mem_free(ptr));
+  }
   std::free(ptr);
   return ncclSuccess;
 }
 
 // Registration is a hint in NCCL; cclz needs none for host buffers, so the
-// handle only records the range for ncclCommDeregister to check.
+// handle only records the range. Device buffers are registered with the
+// real NCCL under the fallback.
 CCLZ_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (handle == nullptr || (buff == nullptr && size > 0)) return fail(ncclInvalidArgument, "handle or buff is NULL");
-  *handle = new std::pair<void*, size_t>(buff, size);
+  auto reg = std::make_unique<Registration>(Registration{buff, size});
+  bool fwd = false;
+  if (ncclResult_t r = route(comm, buff, buff, &fwd); r != ncclSuccess) return r;
+  if (fwd) {
+    if (real_nccl().comm_register == nullptr) return real_missing("ncclCommRegister");
+    if (ncclResult_t r = real_nccl().comm_register(comm->real, buff, size, &reg->real); r != ncclSuccess)
+      return real_result(r);
+  }
+  *handle = reg.release();
   return ncclSuccess;
 }
 
 CCLZ_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (handle == nullptr) return fail(ncclInvalidArgument, "handle is NULL");
-  delete static_cast<std::pair<void*, size_t>*>(handle);
+  std::unique_ptr<Registration> reg(static_cast<Registration*>(handle));
+  if (reg->real != nullptr && real_nccl().comm_deregister != nullptr) {
+    return real_result(real_nccl().comm_deregister(comm->real, reg->real));
+  }
   return ncclSuccess;
 }
 
