@@ -24,8 +24,9 @@
 // Versions: written against the c10d of Debian's PyTorch 1.13.1, where the
 // base class is c10d::ProcessGroup and c10d::Work already lives in Work.hpp;
 // in PyTorch 2.x the base is c10d::Backend (a ProcessGroup wraps backends per
-// device) and register_backend takes the device list. Only the 1.13 branch
-// is compiled and tested here; the 2.x branch follows the 2.x headers.
+// device) and register_backend takes the device list. CI builds and tests
+// the 1.13 branch; the 2.x branch was built (-Werror) against Debian's 2.6.0
+// and 2.14.1 headers and passed the torch suite on 2.14.1, by hand.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -339,6 +340,13 @@ class ProcessGroupCclz : public BaseGroup {
   }
 
   const std::string getBackendName() const override { return "cclz"; }
+
+  // Sequence numbers, as gloo's and NCCL's: 0 on every rank, one per
+  // collective (send/recv involve only two ranks). 2.x wraps plugins too in a
+  // ProcessGroupWrapper under TORCH_DISTRIBUTED_DEBUG=DETAIL, whose desync
+  // check reads them before every collective: the base class's throw.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   cclz::Comm& comm() { return *comm_; }
 
   c10::intrusive_ptr<WorkBase> allreduce(std::vector<at::Tensor>& tensors,
@@ -670,6 +678,7 @@ class ProcessGroupCclz : public BaseGroup {
 
   Pending start(c10d::OpType type, const std::vector<at::Tensor>& outputs, const char* op) {
     wait_for_hook_lane();
+    if (type != c10d::OpType::SEND && type != c10d::OpType::RECV) seq_.fetch_add(1);
     auto job = std::make_shared<Job>();
     job->op = op;
     return Pending{c10::make_intrusive<CclzWork>(getRank(), type, outputs, std::move(job), completer_)};
@@ -697,6 +706,7 @@ class ProcessGroupCclz : public BaseGroup {
 
   std::unique_ptr<cclz::Comm> comm_;
   std::shared_ptr<Completer> completer_;
+  std::atomic<uint64_t> seq_{0};
 
   // A collective issued while compressed hook all-reduces are queued would
   // reach the Comm before them on one rank and after them on another: it
@@ -754,15 +764,32 @@ c10::intrusive_ptr<BaseGroup> create(const c10::intrusive_ptr<c10d::Store>& stor
   return c10::make_intrusive<ProcessGroupCclz>(store, rank, size);
 }
 
+// Called with the GIL held.
 ProcessGroupCclz& as_cclz(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+  std::string name = pg->getBackendName();
 #if TORCH_VERSION_MAJOR >= 2
-  auto* p = dynamic_cast<ProcessGroupCclz*>(pg->getBackend(c10::DeviceType::CPU).get());
+  // The group's CPU backend (the group's own name is "custom" for any
+  // plugin). TORCH_DISTRIBUTED_DEBUG=DETAIL wraps it in a ProcessGroupWrapper,
+  // whose header needs gloo's: unwrapped through its binding's wrapped_pg.
+  ProcessGroupCclz* p = nullptr;
+  try {
+    c10::intrusive_ptr<c10d::Backend> b = pg->getBackend(c10::DeviceType::CPU);
+    name = b->getBackendName();
+    p = dynamic_cast<ProcessGroupCclz*>(b.get());
+    if (p == nullptr) {
+      pybind11::object o = pybind11::cast(b);
+      if (pybind11::hasattr(o, "wrapped_pg"))
+        p = dynamic_cast<ProcessGroupCclz*>(o.attr("wrapped_pg").cast<c10::intrusive_ptr<c10d::Backend>>().get());
+    }
+  } catch (const c10::Error&) {
+    // no CPU backend (an NCCL-only group)
+  }
 #else
   auto* p = dynamic_cast<ProcessGroupCclz*>(pg.get());
 #endif
   if (p == nullptr)
-    throw std::invalid_argument("cclz.torch.hook: the DDP process group is not a cclz one (backend \"" +
-                                pg->getBackendName() + "\"); use init_process_group(backend=\"cclz\")");
+    throw std::invalid_argument("cclz.torch.hook: the DDP process group is not a cclz one (backend \"" + name +
+                                "\"); use init_process_group(backend=\"cclz\")");
   return *p;
 }
 
