@@ -9,7 +9,7 @@
 //   CCLZ_ALGO=ring | all_reduce=ring,all_gather=doubling
 //   CCLZ_LOCAL_SIZE=k         node = rank / k (declares k ranks per "node")
 //   CCLZ_SHM=0|1              node-local shared-memory window (default 1)
-//   CCLZ_SHM_SLOT_KB=<KiB>    staging slot size, multiple of 4 (default 256)
+//   CCLZ_SHM_SLOT_KB=<KiB>    staging slot size, multiple of 4 (default: per node, 256..1024)
 //   CCLZ_SHM_SLOTS=<n>        slots per rank, 1..64 (default 4)
 //   CCLZ_SPIN_US, CCLZ_YIELD_US, CCLZ_POLL_MS  checked here, applied by the
 //                             UCX transport (UcxWaitPolicy::from_env)
@@ -44,7 +44,7 @@ struct Config {
   AlgoOverride algo;
   int local_size = 0;  // CCLZ_LOCAL_SIZE, 0 = unset
   bool shm = true;
-  std::size_t shm_slot_bytes = std::size_t{256} << 10;
+  std::size_t shm_slot_bytes = 0;  // CCLZ_SHM_SLOT_KB; 0 = chosen per node (default_slot_bytes)
   int shm_slots = 4;
 
   // The deadline of an operation that starts now.

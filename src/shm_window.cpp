@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -266,6 +267,12 @@ ShmWindow::~ShmWindow() {
 }
 
 std::size_t ShmWindow::slot_bytes() const noexcept { return seg_->header().slot_bytes; }
+
+std::size_t ShmWindow::default_slot_bytes(int local_size, int slots) noexcept {
+  const auto per = kSlotBudget / (static_cast<std::size_t>(std::max(1, local_size)) *
+                                  static_cast<std::size_t>(std::max(1, slots)));
+  return std::clamp(per, std::size_t{256} << 10, std::size_t{1} << 20) / 4096 * 4096;
+}
 int ShmWindow::slots() const noexcept { return seg_->header().slots; }
 std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept { return seg_->slot(r, s); }
 
