@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "socket.hpp"
+#include "topology.hpp"
 #if CCLZ_HAVE_UCX
 #include "ucx_transport.hpp"
 #endif
@@ -36,7 +37,7 @@ namespace cclz::detail {
 namespace {
 
 constexpr std::uint32_t kMagic = 0x5a4c4343;  // "CCLZ"
-constexpr std::uint16_t kVersion = 1;
+constexpr std::uint16_t kVersion = 2;  // 2: entries carry the affinity mask
 constexpr std::uint16_t kHello = 1;
 constexpr std::uint16_t kTable = 2;
 constexpr int kMaxRanks = 1 << 19;  // the UCX tag holds 19 bits of rank
@@ -50,6 +51,7 @@ constexpr auto kVerdictGrace = std::chrono::seconds(2);
 struct Entry {
   std::string hostname;
   int node = -1;
+  std::vector<std::byte> cpus;  // RankInfo::cpus
   std::vector<std::byte> blob;
 };
 
@@ -72,6 +74,7 @@ std::vector<std::byte> encode_hello(const Hello& h) {
   w.u32(h.remaining_ms);
   w.i32(h.entry.node);
   w.str(h.entry.hostname);
+  w.bytes(h.entry.cpus);
   w.bytes(h.entry.blob);
   return std::move(w.data());
 }
@@ -85,6 +88,7 @@ bool decode_hello(std::span<const std::byte> b, Hello* h) {
   h->remaining_ms = r.u32();
   h->entry.node = r.i32();
   h->entry.hostname = r.str();
+  h->entry.cpus = r.bytes();
   h->entry.blob = r.bytes();
   return r.ok() && r.at_end();
 }
@@ -101,6 +105,7 @@ std::vector<std::byte> encode_verdict(const Status& st, const std::vector<Entry>
     for (const Entry& e : table) {
       w.str(e.hostname);
       w.i32(e.node);
+      w.bytes(e.cpus);
       w.bytes(e.blob);
     }
   }
@@ -126,6 +131,7 @@ Status decode_verdict(std::span<const std::byte> b, const std::string& where, st
     Entry e;
     e.hostname = r.str();
     e.node = r.i32();
+    e.cpus = r.bytes();
     e.blob = r.bytes();
     table->push_back(std::move(e));
   }
@@ -357,6 +363,7 @@ Status start_root(std::unique_ptr<RootService> root) {
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
   e->hostname = host;
   e->node = -1;
+  e->cpus = affinity_bitmap();
   if (const char* v = std::getenv("CCLZ_NODE_ID"); v != nullptr && *v != '\0') {
     char* end = nullptr;
     errno = 0;
@@ -435,7 +442,7 @@ Status join(const net::SockAddr& root, const std::string& where, std::uint64_t n
   World w;
   for (Entry& e : table) {
     blobs.push_back(std::move(e.blob));
-    w.ranks.push_back(RankInfo{std::move(e.hostname), e.node});
+    w.ranks.push_back(RankInfo{std::move(e.hostname), e.node, std::move(e.cpus)});
   }
   if (Status st = t->connect(blobs); !st.ok()) return st;
   w.transport = std::move(t);

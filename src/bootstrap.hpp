@@ -18,6 +18,7 @@ namespace cclz::detail {
 struct RankInfo {
   std::string hostname;
   int node_override = -1;  // CCLZ_NODE_ID of that rank, -1 if unset
+  std::vector<std::byte> cpus;  // its affinity mask as a bitmap (CPU i: bit i%8 of byte i/8); empty if unknown
 };
 
 struct World {

@@ -743,7 +743,7 @@ CommImpl::CommImpl(World world, Topology topo, const Config& cfg, SubgroupConnec
   Transport& t = *world.transport;
   tune_group_ = std::make_unique<coll::Group>(t, members, topo_.node_of, rank_, 0, Clock::now(), tune_scratch_);
   tune_group_->attach_shm(shm.get());  // the engine owns it for as long as this group exists
-  const bool oversubscribed = host_ranks(ranks_, rank_) > usable_cpus();
+  const bool oversubscribed = host_oversubscribed(ranks_, rank_);
   engine_ = std::make_shared<Engine>(rank_, std::move(world.transport), std::move(shm), topo_.node_of, cfg_,
                                      oversubscribed);
 }
@@ -775,7 +775,9 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
     log::write(LogLevel::info, r,
                std::string("node-local shared memory: ") + std::to_string(shm->size()) + " ranks, " +
                    std::to_string(shm->slots()) + " slots of " + std::to_string(shm->slot_bytes() >> 10) +
-                   " KiB");
+                   " KiB; " +
+                   (shm->oversubscribed() ? "more ranks than CPUs on the host: waits yield, then sleep"
+                                          : "the host's ranks have CPUs of their own: waits spin first"));
   }
   std::unique_ptr<CommImpl> impl;
   try {

@@ -34,7 +34,7 @@ Status setup_shm_window(Transport& t, const Topology& topo, std::span<const Rank
     if (topo.node_of[static_cast<std::size_t>(r)] == node) members.push_back(r);
   }
   if (members.size() < 2) return {};
-  const int on_host = host_ranks(ranks, me);
+  const bool crowded = host_oversubscribed(ranks, me);
   const int index = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
   const int leader = members[0];
   const Clock::time_point deadline = cfg.deadline_from_now();
@@ -77,7 +77,7 @@ Status setup_shm_window(Transport& t, const Topology& topo, std::span<const Rank
     }
     if (!st.ok()) return st;
     if (go != 0) {
-      *out = std::make_unique<ShmWindow>(std::move(seg), members, index, on_host);
+      *out = std::make_unique<ShmWindow>(std::move(seg), members, index, crowded);
     } else {
       *why = failure;
     }
@@ -100,7 +100,7 @@ Status setup_shm_window(Transport& t, const Topology& topo, std::span<const Rank
     } else {
       // Attaching records this process in the control block before the ack,
       // so every rank's pid is there once the leader says go.
-      w = std::make_unique<ShmWindow>(std::move(seg), members, index, on_host);
+      w = std::make_unique<ShmWindow>(std::move(seg), members, index, crowded);
       ack[0] = 1;
     }
   }

@@ -250,11 +250,11 @@ Status ShmWindow::create_anonymous(const Geometry& g, std::shared_ptr<ShmSegment
   return {};
 }
 
-ShmWindow::ShmWindow(std::shared_ptr<ShmSegment> seg, std::vector<int> members, int index, int host_ranks)
+ShmWindow::ShmWindow(std::shared_ptr<ShmSegment> seg, std::vector<int> members, int index, bool oversubscribed)
     : seg_(std::move(seg)),
       members_(std::move(members)),
       index_(index),
-      oversubscribed_(host_ranks > usable_cpus()),
+      oversubscribed_(oversubscribed),
       pidfds_(members_.size(), -2),
       pids_(members_.size(), 0) {
   seg_->ctl(index_).pid.store(static_cast<std::int32_t>(getpid()), std::memory_order_release);

@@ -89,10 +89,10 @@ class ShmWindow {
   static Status create_anonymous(const Geometry& g, std::shared_ptr<ShmSegment>* out);
 
   // `members`: the communicator ranks of the node in local order; `index`:
-  // this rank's position in it; `host_ranks`: how many of the
-  // communicator's processes share this host (more than the cores: waits
-  // never spin). Records this process in the control block.
-  ShmWindow(std::shared_ptr<ShmSegment> seg, std::vector<int> members, int index, int host_ranks);
+  // this rank's position in it; `oversubscribed`: the host runs more of the
+  // communicator's processes than they have CPUs (waits never spin).
+  // Records this process in the control block.
+  ShmWindow(std::shared_ptr<ShmSegment> seg, std::vector<int> members, int index, bool oversubscribed);
   ~ShmWindow();
   ShmWindow(const ShmWindow&) = delete;
   ShmWindow& operator=(const ShmWindow&) = delete;

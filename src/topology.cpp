@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <bit>
 #include <map>
 
 namespace cclz::detail {
@@ -102,12 +103,36 @@ int usable_cpus() noexcept {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-int host_ranks(std::span<const RankInfo> ranks, int rank) noexcept {
-  if (rank < 0 || static_cast<std::size_t>(rank) >= ranks.size()) return 1;
+std::vector<std::byte> affinity_bitmap() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<std::byte> bits;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return bits;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    const auto byte = static_cast<std::size_t>(cpu / 8);
+    if (bits.size() <= byte) bits.resize(byte + 1);
+    bits[byte] |= static_cast<std::byte>(1u << (cpu % 8));
+  }
+  return bits;
+}
+
+bool host_oversubscribed(std::span<const RankInfo> ranks, int rank) {
+  if (rank < 0 || static_cast<std::size_t>(rank) >= ranks.size()) return false;
   const std::string& mine = ranks[static_cast<std::size_t>(rank)].hostname;
+  std::vector<std::byte> all;
   int n = 0;
-  for (const RankInfo& r : ranks) n += r.hostname == mine ? 1 : 0;
-  return n;
+  bool known = true;
+  for (const RankInfo& r : ranks) {
+    if (r.hostname != mine) continue;
+    ++n;
+    known = known && !r.cpus.empty();
+    if (r.cpus.size() > all.size()) all.resize(r.cpus.size());
+    for (std::size_t i = 0; i < r.cpus.size(); ++i) all[i] |= r.cpus[i];
+  }
+  int cpus = 0;
+  for (std::byte b : all) cpus += std::popcount(static_cast<unsigned>(b));
+  return n > (known ? cpus : usable_cpus());
 }
 
 }  // namespace cclz::detail

@@ -35,7 +35,12 @@ Topology compute_topology(std::span<const RankInfo> ranks, int local_size);
 
 // CPUs this process may run on (its affinity mask).
 int usable_cpus() noexcept;
-// How many of the ranks share `rank`'s host (by host name).
-int host_ranks(std::span<const RankInfo> ranks, int rank) noexcept;
+// This process's affinity mask as RankInfo::cpus holds it.
+std::vector<std::byte> affinity_bitmap();
+// Whether `rank`'s host runs more ranks than CPUs they may run on: the union
+// of their affinity masks, so that ranks bound one per core are not counted
+// as crowded (each one's own mask has a single CPU). Where a mask is
+// unknown, this process's own mask stands in for the host's CPUs.
+bool host_oversubscribed(std::span<const RankInfo> ranks, int rank);
 
 }  // namespace cclz::detail

@@ -40,7 +40,7 @@ void run_threads(int n, const std::function<void(int)>& fn) {
 
 void run_comms(int n, const Config& cfg, const std::function<void(Comm&, int)>& fn, std::vector<RankInfo> infos) {
   auto fabric = std::make_shared<ThreadFabric>(n);
-  if (infos.empty()) infos.assign(static_cast<std::size_t>(n), RankInfo{"localhost", -1});
+  if (infos.empty()) infos.assign(static_cast<std::size_t>(n), RankInfo{"localhost", -1, {}});
   auto connector = thread_connector();
   run_threads(n, [&](int r) {
     World w;

@@ -19,7 +19,7 @@ void run_c(int n, const std::function<void(cclzComm_t, int)>& fn, double timeout
   run_threads(n, [&](int r) {
     detail::World w;
     w.transport = std::make_unique<testing::ThreadTransport>(fabric, r);
-    w.ranks.assign(static_cast<std::size_t>(n), {"localhost", -1});
+    w.ranks.assign(static_cast<std::size_t>(n), {"localhost", -1, {}});
     std::unique_ptr<Comm> c;
     ASSERT_TRUE(detail::make_comm(std::move(w), test_config(timeout_s), &c, connector).ok());
     fn(detail::c_handle_from_comm(std::move(c)), r);

@@ -607,7 +607,7 @@ TEST(CommCustom, WaitingFromInsideTheEngineIsAnErrorNotADeadlock) {
 // --------------------------------------------------------------- topology
 
 TEST(CommTopology, QueriesFollowHostNamesAndOverrides) {
-  std::vector<detail::RankInfo> hosts = {{"b", -1}, {"a", -1}, {"b", -1}, {"a", -1}, {"c", -1}};
+  std::vector<detail::RankInfo> hosts = {{"b", -1, {}}, {"a", -1, {}}, {"b", -1, {}}, {"a", -1, {}}, {"c", -1, {}}};
   run_comms(5, test_config(), [](Comm& c, int r) {
     const int want_node[] = {0, 1, 0, 1, 2};
     const int want_local[] = {0, 0, 1, 1, 0};

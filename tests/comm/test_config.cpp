@@ -132,7 +132,7 @@ TEST(CclzEnv, ZeroTimeoutMeansNoLimit) {
 }
 
 TEST(Topology, HostNamesNumberedByLowestRank) {
-  std::vector<detail::RankInfo> r = {{"x", -1}, {"y", -1}, {"x", -1}, {"z", -1}, {"y", -1}};
+  std::vector<detail::RankInfo> r = {{"x", -1, {}}, {"y", -1, {}}, {"x", -1, {}}, {"z", -1, {}}, {"y", -1, {}}};
   detail::Topology t = detail::compute_topology(r, 0);
   EXPECT_EQ(t.node_of, (std::vector<int>{0, 1, 0, 2, 1}));
   EXPECT_EQ(t.local_rank, (std::vector<int>{0, 0, 1, 0, 1}));
@@ -142,7 +142,7 @@ TEST(Topology, HostNamesNumberedByLowestRank) {
 }
 
 TEST(Topology, LocalSizeOverridesHostNames) {
-  std::vector<detail::RankInfo> r(7, {"same", -1});
+  std::vector<detail::RankInfo> r(7, {"same", -1, {}});
   detail::Topology t = detail::compute_topology(r, 3);
   EXPECT_EQ(t.node_of, (std::vector<int>{0, 0, 0, 1, 1, 1, 2}));
   EXPECT_EQ(t.local_rank, (std::vector<int>{0, 1, 2, 0, 1, 2, 0}));
@@ -152,10 +152,44 @@ TEST(Topology, LocalSizeOverridesHostNames) {
 TEST(Topology, NodeIdOverridesWinAndAreRenumberedDensely) {
   // Ids 7 and 3 become 0 and 1 (order of lowest rank); the rank without an
   // id is grouped by host name apart from every id.
-  std::vector<detail::RankInfo> r = {{"h", 7}, {"h", 3}, {"h", 7}, {"h", -1}, {"h", 3}};
+  std::vector<detail::RankInfo> r = {{"h", 7, {}}, {"h", 3, {}}, {"h", 7, {}}, {"h", -1, {}}, {"h", 3, {}}};
   detail::Topology t = detail::compute_topology(r, 2);
   EXPECT_EQ(t.node_of, (std::vector<int>{0, 1, 0, 2, 1}));
   EXPECT_EQ(t.source, "CCLZ_NODE_ID");
+}
+
+// Affinity masks as RankInfo::cpus holds them: CPU i is bit i%8 of byte i/8.
+std::vector<std::byte> cpus(std::initializer_list<int> list) {
+  std::vector<std::byte> bits;
+  for (int c : list) {
+    const auto byte = static_cast<std::size_t>(c / 8);
+    if (bits.size() <= byte) bits.resize(byte + 1);
+    bits[byte] |= static_cast<std::byte>(1u << (c % 8));
+  }
+  return bits;
+}
+
+TEST(Topology, OversubscriptionCountsTheUnionOfTheHostsAffinityMasks) {
+  // Two ranks bound one per core: each mask has one CPU, together two.
+  std::vector<detail::RankInfo> bound = {{"h", -1, cpus({0})}, {"h", -1, cpus({1})}};
+  EXPECT_FALSE(detail::host_oversubscribed(bound, 0));
+  EXPECT_FALSE(detail::host_oversubscribed(bound, 1));
+  // Four unbound ranks on two CPUs, and four bound two per core.
+  std::vector<detail::RankInfo> four(4, {"h", -1, cpus({0, 1})});
+  EXPECT_TRUE(detail::host_oversubscribed(four, 2));
+  std::vector<detail::RankInfo> wrapped = {
+      {"h", -1, cpus({0})}, {"h", -1, cpus({1})}, {"h", -1, cpus({0})}, {"h", -1, cpus({1})}};
+  EXPECT_TRUE(detail::host_oversubscribed(wrapped, 0));
+  // Only the ranks of the same host count; CPU numbers past 8 (a second byte).
+  std::vector<detail::RankInfo> two_hosts = {{"a", -1, cpus({0})}, {"b", -1, cpus({0})}, {"a", -1, cpus({9})},
+                                             {"b", -1, cpus({0})}};
+  EXPECT_FALSE(detail::host_oversubscribed(two_hosts, 0));
+  EXPECT_TRUE(detail::host_oversubscribed(two_hosts, 1));
+  // A mask unknown: this process's own CPU count stands in.
+  std::vector<detail::RankInfo> unknown(static_cast<std::size_t>(detail::usable_cpus()) + 1, {"h", -1, {}});
+  EXPECT_TRUE(detail::host_oversubscribed(unknown, 0));
+  unknown.resize(1);
+  EXPECT_FALSE(detail::host_oversubscribed(unknown, 0));
 }
 
 }  // namespace

@@ -58,7 +58,7 @@ void run_comms(int n, const std::function<void(Comm&, int)>& fn, const Config& c
     threads.emplace_back([&, r] {
       detail::World w;
       w.transport = std::make_unique<testing::ThreadTransport>(fabric, r);
-      w.ranks.assign(static_cast<std::size_t>(n), detail::RankInfo{"localhost", -1});
+      w.ranks.assign(static_cast<std::size_t>(n), detail::RankInfo{"localhost", -1, {}});
       std::unique_ptr<Comm> c;
       const Status st = detail::make_comm(std::move(w), cfg, &c);
       ASSERT_TRUE(st.ok()) << st.to_string();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shm_window.hpp"
+#include "topology.hpp"
 
 namespace cclz::testing {
 
@@ -29,7 +30,8 @@ class ShmNodes {
     const int node = node_of_[static_cast<std::size_t>(rank)];
     const std::vector<int>& m = members_.at(node);
     const int index = static_cast<int>(std::find(m.begin(), m.end(), rank) - m.begin());
-    return std::make_unique<detail::ShmWindow>(segments_.at(node), m, index, static_cast<int>(node_of_.size()));
+    return std::make_unique<detail::ShmWindow>(segments_.at(node), m, index,
+                                               static_cast<int>(node_of_.size()) > detail::usable_cpus());
   }
 
  private:
