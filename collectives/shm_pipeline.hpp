@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "algorithm.hpp"
 #include "allreduce/common.hpp"
@@ -50,10 +51,13 @@ Status sig_mismatch(const Group& g, int peer, const detail::ShmWindow::CallSig& 
 // Runs `chunks` chunks of `stages` stages (1..kStages). body(c, slot, t)
 // does stage t of chunk c (0-based within this call); `slot` is the global
 // chunk number to pass to ShmWindow::slot(). deps(t) says whom stage t > 0
-// waits for. The caller must have checked g.shm() != nullptr.
-template <class Body, class DepsFn>
+// waits for. after(c, slot, t) runs right after stage t is published: work
+// no peer waits for (a copy into this rank's own output), done while the
+// peers see the stage instead of delaying it by one hand-off. The caller
+// must have checked g.shm() != nullptr.
+template <class Body, class DepsFn, class After>
 Status run_pipeline(Group& g, const detail::ShmWindow::CallSig& sig, std::size_t chunks, int stages, Body&& body,
-                    DepsFn&& deps, const char* name) {
+                    DepsFn&& deps, const char* name, After&& after) {
   detail::ShmWindow& w = *g.shm();
   constexpr auto K = static_cast<std::uint64_t>(detail::ShmWindow::kStages);
   const auto slots = static_cast<std::uint64_t>(w.slots());
@@ -88,10 +92,18 @@ Status run_pipeline(Group& g, const detail::ShmWindow::CallSig& sig, std::size_t
       if (!st.ok()) return st;
       body(c, G, t);
       w.publish(t + 1 == stages ? K * (G + 1) : K * G + static_cast<std::uint64_t>(t) + 1);
+      after(c, G, t);
     }
   }
   w.advance(chunks);
   return {};
+}
+
+template <class Body, class DepsFn>
+Status run_pipeline(Group& g, const detail::ShmWindow::CallSig& sig, std::size_t chunks, int stages, Body&& body,
+                    DepsFn&& deps, const char* name) {
+  return run_pipeline(g, sig, chunks, stages, std::forward<Body>(body), std::forward<DepsFn>(deps), name,
+                      [](std::size_t, std::uint64_t, int) {});
 }
 
 // `len` elements shared by `n` ranks in whole units of `unit` elements (a

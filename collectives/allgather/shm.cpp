@@ -34,9 +34,7 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     if (t == 0) {
       const std::size_t m = piece(me, c);
-      if (m == 0) return;
-      copy(w.slot(me, slot), in + c * C * es, m * es);
-      if (!own_in_place) out_copy(out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
+      if (m != 0) copy(w.slot(me, slot), in + c * C * es, m * es);
     } else {
       for (int q = 0; q < n; ++q) {
         const std::size_t m = piece(q, c);
@@ -44,7 +42,12 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
       }
     }
   };
-  return run_pipeline(g, sig, chunks, 2, body, [](int) { return Deps::all(); }, "all_gather");
+  // My own block goes to its place in my output once my slot is published.
+  auto own = [&](std::size_t c, std::uint64_t, int t) {
+    const std::size_t m = piece(me, c);
+    if (t == 0 && m != 0 && !own_in_place) out_copy(out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
+  };
+  return run_pipeline(g, sig, chunks, 2, body, [](int) { return Deps::all(); }, "all_gather", own);
 }
 
 namespace {

@@ -73,7 +73,6 @@ Status run(Group& g, const CollArgs& a) {
         srcs[static_cast<std::size_t>(q)] = q == me ? src + (first + off) * es : w.slot(q, slot) + off * es;
       }
       kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
-      out_copy(dst + (first + off) * es, mine + off * es, m * es);
     } else {
       for (int q = 0; q < n; ++q) {
         if (q == me || sh.size(q) == 0) continue;
@@ -81,7 +80,15 @@ Status run(Group& g, const CollArgs& a) {
       }
     }
   };
-  return shm::run_pipeline(g, sig, chunks, 3, body, [](int) { return shm::Deps::all(); }, "all_reduce");
+  // My share's result to my output once the peers can read it from my slot.
+  auto own = [&](std::size_t c, std::uint64_t slot, int t) {
+    if (t != 1) return;
+    const std::size_t first = c * C, len = std::min(C, a.count - first);
+    const shm::Shares sh{len, shm::line_elems(es), n};
+    const std::size_t off = sh.off(me), m = sh.size(me);
+    if (m != 0) out_copy(dst + (first + off) * es, w.slot(me, slot) + off * es, m * es);
+  };
+  return shm::run_pipeline(g, sig, chunks, 3, body, [](int) { return shm::Deps::all(); }, "all_reduce", own);
 }
 
 bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }

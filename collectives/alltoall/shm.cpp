@@ -28,19 +28,25 @@ Status run(Group& g, const CollArgs& a) {
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     const std::size_t first = c * C, m = std::min(C, a.count - first);
     for (int q = 0; q < n; ++q) {
+      if (q == me) continue;
       const std::size_t block = static_cast<std::size_t>(q) * a.count;
-      if (q == me) {
-        // My own block goes straight across (in place it is already there).
-        if (t == 0 && in != out) out_copy(out + (block + first) * es, in + (block + first) * es, m * es);
-      } else if (t == 0) {
+      if (t == 0) {
         shm::copy(w.slot(me, slot) + static_cast<std::size_t>(q) * C * es, in + (block + first) * es, m * es);
       } else {
         out_copy(out + (block + first) * es, w.slot(q, slot) + static_cast<std::size_t>(me) * C * es, m * es);
       }
     }
   };
+  // My own block goes straight across once my slot is published (in place
+  // it is already there).
+  auto own = [&](std::size_t c, std::uint64_t, int t) {
+    if (t != 0 || in == out) return;
+    const std::size_t first = c * C, m = std::min(C, a.count - first),
+                      block = static_cast<std::size_t>(me) * a.count;
+    out_copy(out + (block + first) * es, in + (block + first) * es, m * es);
+  };
   return shm::run_pipeline(g, shm::call_sig(g, a, a.count), chunks, 2, body, [](int) { return shm::Deps::all(); },
-                           "all_to_all");
+                           "all_to_all", own);
 }
 
 bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
