@@ -1,7 +1,8 @@
 // Node-local all-gather over the shared-memory window (see
 // shm_pipeline.hpp). Chunk by chunk: (0) each rank copies its block's chunk
-// into its slot; (1) each rank copies every peer's chunk from the peer's
-// slot into its output. Also the last phase of the hierarchical all-reduce.
+// into its slot, publishes, then copies it to its own place in its output;
+// (1) each rank copies every peer's chunk from the peer's slot into its
+// output. Also the last phase of the hierarchical all-reduce.
 //
 // Cost: 2 stages per chunk, chunks = block bytes / slot; per rank one block
 // read and the whole output written once.

@@ -1,8 +1,8 @@
 // Node-local all-to-all over the shared-memory window (see
 // shm_pipeline.hpp). Chunk by chunk: (0) each rank copies the chunk's piece
-// of its block for every peer into its slot, and its own block's piece
-// straight to its output; (1) each rank copies the piece addressed to it
-// from every peer's slot into its output. In place works too: stage 1 of a
+// of its block for every peer into its slot, publishes, then copies its own
+// block's piece straight to its output; (1) each rank copies the piece
+// addressed to it from every peer's slot into its output. In place works too: stage 1 of a
 // chunk overwrites only what stage 0 of that chunk has already copied.
 //
 // Cost: 2 stages per chunk, chunks = block bytes / (slot / n); per rank the
