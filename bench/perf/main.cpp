@@ -4,6 +4,7 @@
 // the matching MPI call in the same run, and for all_reduce on one host
 // relates busbw to the memory-copy roofline (docs/performance.md).
 #include <mpi.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,6 +66,21 @@ void idle_wait(MPI_Request* req) {
     if (done) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+}
+
+// The CPUs this host's ranks may run on together: the union of their
+// affinity masks (a rank bound to one core sees only its own core).
+cpu_set_t host_cpus() {
+  cpu_set_t mine, all;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) {
+    for (int c = 0; c < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); ++c) CPU_SET(c, &mine);
+  }
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  MPI_Allreduce(&mine, &all, static_cast<int>(sizeof mine), MPI_BYTE, MPI_BOR, local);
+  MPI_Comm_free(&local);
+  return all;
 }
 
 // The collective's buffers, shared by every size of a sweep.
@@ -382,7 +398,8 @@ int run(int argc, char** argv) {
   info.nranks = nranks;
   info.nodes = comm->num_nodes();
   info.local_ranks = comm->local_size();
-  info.cores = usable_cores();
+  const cpu_set_t cpus = host_cpus();
+  info.cores = CPU_COUNT(&cpus);
   info.llc_bytes = last_level_cache_bytes();
   info.min_bytes = o.min_bytes;
   info.max_bytes = o.max_bytes;
@@ -409,9 +426,9 @@ int run(int argc, char** argv) {
   {
     double bw[3] = {0, 0, 0};
     if (rank == 0) {
-      const CopyBandwidth one = measure_copy_bandwidth(1, std::size_t{256} << 20, 5);
+      const CopyBandwidth one = measure_copy_bandwidth(1, std::size_t{256} << 20, 5, &cpus);
       const CopyBandwidth many =
-          info.copiers_n == 1 ? one : measure_copy_bandwidth(info.copiers_n, std::size_t{256} << 20, 5);
+          info.copiers_n == 1 ? one : measure_copy_bandwidth(info.copiers_n, std::size_t{256} << 20, 5, &cpus);
       bw[0] = one.bytes_per_s;
       bw[1] = many.bytes_per_s;
       bw[2] = static_cast<double>(one.bytes_per_copier);

@@ -18,13 +18,6 @@
 
 namespace cclz::perf {
 
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 std::size_t last_level_cache_bytes() {
   // sysfs rather than sysconf(_SC_LEVEL3_CACHE_SIZE): in VMs the latter can
   // report the host's whole cache.
@@ -43,7 +36,7 @@ std::size_t last_level_cache_bytes() {
   return best;
 }
 
-CopyBandwidth measure_copy_bandwidth(int copiers, std::size_t total_bytes, int reps) {
+CopyBandwidth measure_copy_bandwidth(int copiers, std::size_t total_bytes, int reps, const cpu_set_t* cpus) {
   using clock = std::chrono::steady_clock;
   CopyBandwidth r;
   r.copiers = std::max(1, copiers);
@@ -74,10 +67,16 @@ CopyBandwidth measure_copy_bandwidth(int copiers, std::size_t total_bytes, int r
       if (t == 0) secs[static_cast<std::size_t>(rep)] = std::chrono::duration<double>(clock::now() - t0).count();
     }
   };
+  // Every copier, the calling thread too, may run on any of `cpus` while
+  // it measures; the caller's own mask comes back afterwards.
+  cpu_set_t own;
+  const bool widen = cpus != nullptr && sched_getaffinity(0, sizeof own, &own) == 0 &&
+                     sched_setaffinity(0, sizeof *cpus, cpus) == 0;
   std::vector<std::thread> threads;
   for (std::size_t t = 1; t < n; ++t) threads.emplace_back(worker, t);
   worker(0);
   for (std::thread& th : threads) th.join();
+  if (widen) sched_setaffinity(0, sizeof own, &own);
 
   double best = 0;
   for (int rep = 1; rep <= reps; ++rep) {

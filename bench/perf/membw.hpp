@@ -3,6 +3,8 @@
 // buffer at the same time; bandwidth = bytes read + bytes written / time.
 #pragma once
 
+#include <sched.h>
+
 #include <cstddef>
 
 namespace cclz::perf {
@@ -15,10 +17,9 @@ struct CopyBandwidth {
 
 // Best of `reps` timed runs after one untimed run that faults the pages in.
 // Buffers are at least 64 MiB per copier so they miss every cache level.
-CopyBandwidth measure_copy_bandwidth(int copiers, std::size_t total_bytes, int reps);
-
-// CPUs this process may run on (its affinity mask).
-int usable_cores();
+// The copier threads run on `cpus` (when given), not on the caller's own
+// affinity, which a rank bound to one core would share with all of them.
+CopyBandwidth measure_copy_bandwidth(int copiers, std::size_t total_bytes, int reps, const cpu_set_t* cpus = nullptr);
 
 // Size of the largest data cache of CPU 0, from sysfs (0 if unknown). Below
 // it a "memory" roofline does not bind: the data never leaves the cache.
