@@ -101,6 +101,13 @@ static void* dev(const void* p, size_t bytes, int* bad) {
   return v;
 }
 
+/* A private copy of an input that the output may overlap (in place). */
+static void* copy_of(const void* p, size_t bytes) {
+  void* c = malloc(bytes);
+  memcpy(c, p, bytes);
+  return c;
+}
+
 /* An op as (MPI op, factor applied after, factor applied to the input). */
 static ncclResult_t map_op(struct ncclComm* c, ncclRedOp_t op, ncclDataType_t t, MPI_Op* mop, double* post,
                            double* pre) {
@@ -132,8 +139,7 @@ static ncclResult_t map_op(struct ncclComm* c, ncclRedOp_t op, ncclDataType_t t,
 static const void* reduction_input(const void* in, size_t n, ncclDataType_t t, double pre, void** owned) {
   *owned = NULL;
   if (pre == 1.0 || n == 0) return in;
-  *owned = malloc(n * tsize(t));
-  memcpy(*owned, in, n * tsize(t));
+  *owned = copy_of(in, n * tsize(t));
   scale(*owned, n, t, pre);
   return *owned;
 }
@@ -260,11 +266,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
   if (count == 0) return ncclSuccess;
   /* in place through a copy: MPICH 4.0's MPI_Reduce faults on MPI_IN_PLACE at a non-zero root */
   void* tmp = NULL;
-  if (in == r) {
-    tmp = malloc(count * tsize(dt));
-    memcpy(tmp, in, count * tsize(dt));
-    in = tmp;
-  }
+  if (in == r) in = tmp = copy_of(in, count * tsize(dt));
   MPI_Reduce(in, r, (int)count, t, mop, root, comm->mc);
   free(tmp);
   if (comm->rank == root && post != 1.0) scale(r, count, dt, post);
@@ -324,8 +326,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   if (bad) return refuse("ncclAllGather: a host pointer reached the real NCCL");
   ++g_calls;
   if (bytes == 0) return ncclSuccess;
-  void* mine = malloc(bytes); /* in place: s lies inside r */
-  memcpy(mine, s, bytes);
+  void* mine = copy_of(s, bytes); /* in place: s lies inside r */
   MPI_Allgather(mine, (int)bytes, MPI_BYTE, r, (int)bytes, MPI_BYTE, comm->mc);
   free(mine);
   return ncclSuccess;
@@ -341,8 +342,7 @@ ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, nc
   if (bad) return refuse("ncclAlltoAll: a host pointer reached the real NCCL");
   ++g_calls;
   if (bytes == 0) return ncclSuccess;
-  void* in = malloc(total);
-  memcpy(in, s, total);
+  void* in = copy_of(s, total);
   MPI_Alltoall(in, (int)bytes, MPI_BYTE, r, (int)bytes, MPI_BYTE, comm->mc);
   free(in);
   return ncclSuccess;
@@ -358,8 +358,7 @@ ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, nccl
   if (bad) return refuse("ncclGather: a host pointer reached the real NCCL");
   ++g_calls;
   if (bytes == 0) return ncclSuccess;
-  void* mine = malloc(bytes);
-  memcpy(mine, s, bytes);
+  void* mine = copy_of(s, bytes);
   MPI_Gather(mine, (int)bytes, MPI_BYTE, r, (int)bytes, MPI_BYTE, root, comm->mc);
   free(mine);
   return ncclSuccess;
