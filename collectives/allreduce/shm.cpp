@@ -1,10 +1,9 @@
 // Node-local all-reduce over the shared-memory window (see shm_pipeline.hpp).
 //
-// Small buffers (one chunk of at most kSmallBytes): every rank copies its
-// input into its slot, then reduces all n slots in rank order straight into
-// its output: 2 stages, one wait on the peers. Every rank applies the same
-// kernel to the same operands in the same order, so results are bitwise
-// identical.
+// Small buffers (see small_path): every rank copies its input into its slot,
+// then reduces all n slots in rank order straight into its output: 2
+// stages, one wait on the peers. Every rank applies the same kernel to the
+// same operands in the same order, so results are bitwise identical.
 //
 // Larger buffers, chunk by chunk: (0) copy the chunk, except my 1/n share of
 // it, into my slot; (1) reduce my share over my input and the n-1 peers'
@@ -25,7 +24,21 @@
 namespace cclz::coll {
 namespace {
 
-constexpr std::size_t kSmallBytes = 32 << 10;
+// The small path saves a hand-off but has every rank read all n-1 peers'
+// whole buffers instead of 2(n-1)/n of one. With spinning waits a hand-off
+// is cheap: on 2 bound ranks the large path was faster from 3 KB (16 KB:
+// 1.57 against 2.72 us) and the small one only up to 2 KB; with more ranks
+// than cores a hand-off may cost a context switch, and 4 ranks on 2 cores
+// favoured the small path up to 16 KB and the large one from 32 KB
+// (docs/performance.md).
+constexpr std::size_t kSmallPeerBytes = 2 << 10;        // ranks fit the cores: bytes * (n-1)
+constexpr std::size_t kSmallOversubscribed = 16 << 10;  // more ranks than cores: bytes
+
+bool small_path(const detail::ShmWindow& w, std::size_t bytes, int n) {
+  if (bytes > w.slot_bytes()) return false;
+  if (w.oversubscribed()) return bytes <= kSmallOversubscribed;
+  return bytes * static_cast<std::size_t>(n - 1) <= kSmallPeerBytes;
+}
 // Outputs larger than this are written with streaming stores: they would
 // not stay in the cache anyway, and the slots should.
 constexpr std::size_t kStreamBytes = 4 << 20;
@@ -40,7 +53,7 @@ Status run(Group& g, const CollArgs& a) {
   const auto sig = shm::call_sig(g, a, a.count);
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
 
-  if (bytes <= kSmallBytes && bytes <= w.slot_bytes()) {
+  if (small_path(w, bytes, n)) {
     auto body = [&](std::size_t, std::uint64_t slot, int t) {
       if (t == 0) {
         shm::copy(w.slot(me, slot), src, bytes);
