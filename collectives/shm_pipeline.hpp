@@ -125,9 +125,11 @@ struct Shares {
 inline std::size_t line_elems(std::size_t es) { return std::max<std::size_t>(1, 64 / es); }
 
 // Copies n bytes; large copies into memory the caller will not read soon
-// may bypass the cache (see shm_pipeline.cpp).
+// may bypass the cache (see shm_pipeline.cpp). copy_and_stream copies src
+// both into a slot (cached) and to an output (bypassing the cache) in one pass.
 void copy(void* dst, const void* src, std::size_t n) noexcept;
 void copy_stream(void* dst, const void* src, std::size_t n) noexcept;
+void copy_and_stream(void* slot, void* out, const void* src, std::size_t n) noexcept;
 
 // The node-local phases hierarchical algorithms are built from (defined in
 // reduce_scatter/shm.cpp and allgather/shm.cpp). `layout` gives every rank's

@@ -1,8 +1,10 @@
 // Node-local all-gather over the shared-memory window (see
 // shm_pipeline.hpp). Chunk by chunk: (0) each rank copies its block's chunk
-// into its slot, publishes, then copies it to its own place in its output;
-// (1) each rank copies every peer's chunk from the peer's slot into its
-// output. Also the last phase of the hierarchical all-reduce.
+// into its slot, publishes, then copies it to its own place in its output
+// (a large output: in the same pass as the slot, before publishing, so the
+// input is read once); (1) each rank copies every peer's chunk from the
+// peer's slot into its output. Also the last phase of the hierarchical
+// all-reduce.
 //
 // Cost: 2 stages per chunk, chunks = block bytes / slot; per rank one block
 // read and the whole output written once.
@@ -27,7 +29,11 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
   const auto* in = static_cast<const std::byte*>(mine);
   auto* out = static_cast<std::byte*>(dst);
   const bool own_in_place = in == out + layout.off(me) * es;
-  auto out_copy = layout.count * es > kStreamBytes ? copy_stream : copy;
+  const bool stream = layout.count * es > kStreamBytes;
+  auto out_copy = stream ? copy_stream : copy;
+  // Small outputs publish first and copy their own block after: the input
+  // is still in the cache then, and the peers start a copy earlier.
+  const bool own_with_slot = stream && !own_in_place;
   auto piece = [&](int q, std::size_t c) {
     const std::size_t len = layout.len(q), first = std::min(len, c * C);
     return std::min(C, len - first);
@@ -35,7 +41,11 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     if (t == 0) {
       const std::size_t m = piece(me, c);
-      if (m != 0) copy(w.slot(me, slot), in + c * C * es, m * es);
+      if (m != 0 && own_with_slot) {
+        copy_and_stream(w.slot(me, slot), out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
+      } else if (m != 0) {
+        copy(w.slot(me, slot), in + c * C * es, m * es);
+      }
     } else {
       for (int q = 0; q < n; ++q) {
         const std::size_t m = piece(q, c);
@@ -46,7 +56,7 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
   // My own block goes to its place in my output once my slot is published.
   auto own = [&](std::size_t c, std::uint64_t, int t) {
     const std::size_t m = piece(me, c);
-    if (t == 0 && m != 0 && !own_in_place) out_copy(out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
+    if (t == 0 && m != 0 && !own_in_place && !own_with_slot) out_copy(out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
   };
   return run_pipeline(g, sig, chunks, 2, body, [](int) { return Deps::all(); }, "all_gather", own);
 }

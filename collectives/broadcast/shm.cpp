@@ -1,7 +1,8 @@
 // Node-local broadcast over the shared-memory window (see shm_pipeline.hpp).
-// Chunk by chunk: (0) the root copies its chunk into its slot; (1) every
-// other rank copies it out, waiting for the root only. Ranks run up to
-// `slots` chunks behind the root.
+// Chunk by chunk: (0) the root copies its chunk into its slot (and, out of
+// place, to its own output: in the same pass when large, after publishing
+// when small); (1) every other rank copies it out, waiting for the root
+// only. Ranks run up to `slots` chunks behind the root.
 //
 // Cost: 2 stages per chunk, chunks = bytes / slot; the root reads its input
 // once, every other rank writes its output once.
@@ -22,18 +23,29 @@ Status run(Group& g, const CollArgs& a) {
   const std::size_t chunks = (a.count + C - 1) / C;
   const auto* in = static_cast<const std::byte*>(a.sendbuf);
   auto* out = static_cast<std::byte*>(a.recvbuf);
-  auto out_copy = a.count * es > kStreamBytes ? shm::copy_stream : shm::copy;
+  const bool stream = a.count * es > kStreamBytes;
+  auto out_copy = stream ? shm::copy_stream : shm::copy;
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     const std::size_t first = c * C, m = std::min(C, a.count - first);
     if (t == 0 && me == root) {
-      shm::copy(w.slot(root, slot), in + first * es, m * es);
-      if (in != out) out_copy(out + first * es, in + first * es, m * es);
+      if (in != out && stream) {
+        shm::copy_and_stream(w.slot(root, slot), out + first * es, in + first * es, m * es);
+      } else {
+        shm::copy(w.slot(root, slot), in + first * es, m * es);
+      }
     } else if (t == 1 && me != root) {
       out_copy(out + first * es, w.slot(root, slot), m * es);
     }
   };
+  // A small out-of-place root copies its own output after publishing (the
+  // input is still in the cache then).
+  auto root_own = [&](std::size_t c, std::uint64_t, int t) {
+    if (t != 0 || me != root || in == out || stream) return;
+    const std::size_t first = c * C, m = std::min(C, a.count - first);
+    shm::copy(out + first * es, in + first * es, m * es);
+  };
   auto deps = [&](int) { return me == root ? shm::Deps::none() : shm::Deps::one(root); };
-  return shm::run_pipeline(g, shm::call_sig(g, a, a.count), chunks, 2, body, deps, "broadcast");
+  return shm::run_pipeline(g, shm::call_sig(g, a, a.count), chunks, 2, body, deps, "broadcast", root_own);
 }
 
 bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
