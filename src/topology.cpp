@@ -132,7 +132,11 @@ bool host_oversubscribed(std::span<const RankInfo> ranks, int rank) {
   }
   int cpus = 0;
   for (std::byte b : all) cpus += std::popcount(static_cast<unsigned>(b));
-  return n > (known ? cpus : usable_cpus());
+  if (!known) {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    cpus = online > 0 ? static_cast<int>(online) : 1;
+  }
+  return n > cpus;
 }
 
 }  // namespace cclz::detail

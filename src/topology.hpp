@@ -40,7 +40,9 @@ std::vector<std::byte> affinity_bitmap();
 // Whether `rank`'s host runs more ranks than CPUs they may run on: the union
 // of their affinity masks, so that ranks bound one per core are not counted
 // as crowded (each one's own mask has a single CPU). Where a mask is
-// unknown, this process's own mask stands in for the host's CPUs.
+// unknown, the host's online CPUs stand in. Every rank of a host gets the
+// same answer from the same table: the shared-memory algorithms choose
+// their protocol by it, and ranks that disagreed would not meet.
 bool host_oversubscribed(std::span<const RankInfo> ranks, int rank);
 
 }  // namespace cclz::detail

@@ -34,6 +34,8 @@ namespace {
 constexpr std::size_t kSmallPeerBytes = 2 << 10;        // ranks fit the cores: bytes * (n-1)
 constexpr std::size_t kSmallOversubscribed = 16 << 10;  // more ranks than cores: bytes
 
+// Every rank of the window decides alike: the same bytes and geometry, and
+// oversubscribed() comes from the rendezvous table they all share.
 bool small_path(const detail::ShmWindow& w, std::size_t bytes, int n) {
   if (bytes > w.slot_bytes()) return false;
   if (w.oversubscribed()) return bytes <= kSmallOversubscribed;

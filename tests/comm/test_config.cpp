@@ -2,6 +2,8 @@
 // CCLZ_LOCAL_SIZE) and the node layout from host names and overrides.
 // Environment tests run single-threaded and restore what they change.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <optional>
@@ -185,10 +187,23 @@ TEST(Topology, OversubscriptionCountsTheUnionOfTheHostsAffinityMasks) {
                                              {"b", -1, cpus({0})}};
   EXPECT_FALSE(detail::host_oversubscribed(two_hosts, 0));
   EXPECT_TRUE(detail::host_oversubscribed(two_hosts, 1));
-  // A mask unknown: this process's own CPU count stands in.
-  std::vector<detail::RankInfo> unknown(static_cast<std::size_t>(detail::usable_cpus()) + 1, {"h", -1, {}});
+  // A mask unknown: the host's online CPUs stand in, not this thread's own
+  // mask, which differs between bound ranks (and the ranks must agree).
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  ASSERT_GT(online, 0);
+  std::vector<detail::RankInfo> unknown(static_cast<std::size_t>(online) + 1, {"h", -1, {}});
   EXPECT_TRUE(detail::host_oversubscribed(unknown, 0));
-  unknown.resize(1);
+  unknown.resize(static_cast<std::size_t>(online));
+  cpu_set_t saved, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  int first = 0;
+  while (first < CPU_SETSIZE && !CPU_ISSET(first, &saved)) ++first;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // as a rank bound to one core
+  const bool bound_answer = detail::host_oversubscribed(unknown, 0);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+  EXPECT_FALSE(bound_answer);
   EXPECT_FALSE(detail::host_oversubscribed(unknown, 0));
 }
 

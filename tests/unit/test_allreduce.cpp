@@ -240,7 +240,8 @@ TEST(AllReduce, RabenseifnerEveryDtypeOpSizeAndCount) { check_flat("rabenseifner
 
 // The shared-memory window with one-page slots (counts from 1001 up run many
 // chunks and wrap the slot ring), two slots (the tightest ring), and the
-// default geometry (the small-message path up to 32 KiB, then one chunk).
+// default geometry (the small-message path up to 2 KiB per peer, or 16 KiB
+// with more ranks than cores as for n > 2 on a 2-CPU machine, then one chunk).
 TEST(AllReduce, ShmEveryDtypeOpSizeAndCount) {
   const ShmSetup tiny{4096, 3}, two{4096, 2}, standard{256 << 10, 4};
   check_flat("shm", &tiny);
