@@ -56,7 +56,8 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
   // My own block goes to its place in my output once my slot is published.
   auto own = [&](std::size_t c, std::uint64_t, int t) {
     const std::size_t m = piece(me, c);
-    if (t == 0 && m != 0 && !own_in_place && !own_with_slot) out_copy(out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
+    if (t != 0 || m == 0 || own_in_place || own_with_slot) return;
+    out_copy(out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
   };
   return run_pipeline(g, sig, chunks, 2, body, [](int) { return Deps::all(); }, "all_gather", own);
 }
