@@ -228,6 +228,16 @@ Status config_from_env(Config* out) {
     if (Status st = int_in("CCLZ_SHM_SLOTS", v, 1, 64, 1, &k); !st.ok()) return st;
     c.shm_slots = static_cast<int>(k);
   }
+  if (const char* v = env("CCLZ_SHM_ALLREDUCE_HANDOFFS")) {
+    const std::string l = lower(v);
+    if (l == "auto") {
+      c.shm_allreduce_handoffs = 0;
+    } else if (l == "1" || l == "2") {
+      c.shm_allreduce_handoffs = l[0] - '0';
+    } else {
+      return {Result::invalid_argument, std::string("CCLZ_SHM_ALLREDUCE_HANDOFFS='") + v + "' is not auto, 1 or 2"};
+    }
+  }
   // The transport reads the wait back-off itself (UcxWaitPolicy::from_env);
   // checking the values here makes a malformed one fail the communicator's
   // creation instead of silently becoming the default.

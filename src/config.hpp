@@ -11,6 +11,9 @@
 //   CCLZ_SHM=0|1              node-local shared-memory window (default 1)
 //   CCLZ_SHM_SLOT_KB=<KiB>    staging slot size, multiple of 4 (default: per node, 256..1024)
 //   CCLZ_SHM_SLOTS=<n>        slots per rank, 1..64 (default 4)
+//   CCLZ_SHM_ALLREDUCE_HANDOFFS=auto|1|2  node-local all-reduce of at most 64 KiB
+//                             per peer: protocol chosen by measurement, or fixed
+//                             (the node's first rank's setting applies)
 //   CCLZ_SPIN_US, CCLZ_YIELD_US, CCLZ_POLL_MS  checked here, applied by the
 //                             UCX transport (UcxWaitPolicy::from_env)
 //   (CCLZ_NODE_ID is read by the bootstrap into RankInfo::node_override.)
@@ -46,6 +49,7 @@ struct Config {
   bool shm = true;
   std::size_t shm_slot_bytes = 0;  // CCLZ_SHM_SLOT_KB; 0 = chosen per node (default_slot_bytes)
   int shm_slots = 4;
+  int shm_allreduce_handoffs = 0;  // CCLZ_SHM_ALLREDUCE_HANDOFFS; 0 = auto
 
   // The deadline of an operation that starts now.
   Clock::time_point deadline_from_now() const noexcept;

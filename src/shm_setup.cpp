@@ -49,7 +49,8 @@ Status setup_shm_window(Transport& t, const Topology& topo, std::span<const Rank
       const std::size_t slot_bytes = cfg.shm_slot_bytes != 0
                                          ? cfg.shm_slot_bytes
                                          : ShmWindow::default_slot_bytes(static_cast<int>(members.size()), cfg.shm_slots);
-      const ShmWindow::Geometry geo{static_cast<int>(members.size()), slot_bytes, cfg.shm_slots};
+      const ShmWindow::Geometry geo{static_cast<int>(members.size()), slot_bytes, cfg.shm_slots,
+                                    cfg.shm_allreduce_handoffs};
       if (Status st = ShmWindow::create_named(geo, &name, &seg); !st.ok()) {
         std::snprintf(msg + 1, sizeof msg - 1, "rank %d: %s", me, st.message().c_str());
       } else {

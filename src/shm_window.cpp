@@ -25,7 +25,7 @@
 namespace cclz::detail {
 namespace {
 
-constexpr std::uint64_t kMagic = 0x636c7a73686d3031ULL;  // "clzshm01"
+constexpr std::uint64_t kMagic = 0x636c7a73686d3032ULL;  // "clzshm02"
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kSlotPad = 4096;
@@ -39,6 +39,7 @@ struct Header {
   std::int32_t slots;
   std::uint64_t slot_bytes;
   std::uint64_t total_bytes;
+  std::int32_t allreduce_handoffs;
 };
 
 struct alignas(kLine) RankCtl {
@@ -59,6 +60,7 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std
 
 struct alignas(kLine) SigLine {
   ShmWindow::CallSig sig;
+  std::uint64_t hint;
 };
 
 std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
@@ -127,7 +129,7 @@ class ShmSegment {
   }
   ShmWindow::Geometry geometry() const {
     const Header& h = header();
-    return {h.local_size, h.slot_bytes, h.slots};
+    return {h.local_size, h.slot_bytes, h.slots, h.allreduce_handoffs};
   }
   void cache_offsets() {
     const Offsets o = offsets(geometry());
@@ -139,7 +141,7 @@ class ShmSegment {
 
   // Placement-constructs the header and control blocks of a fresh mapping.
   void init(const ShmWindow::Geometry& g, std::size_t total) {
-    auto* h = new (base_) Header{kMagic, g.local_size, g.slots, g.slot_bytes, total};
+    auto* h = new (base_) Header{kMagic, g.local_size, g.slots, g.slot_bytes, total, g.allreduce_handoffs};
     (void)h;
     const Offsets o = offsets(g);
     for (int r = 0; r < g.local_size; ++r) {
@@ -167,10 +169,12 @@ namespace {
 
 Status check_geometry(const ShmWindow::Geometry& g) {
   if (g.local_size < 1 || g.local_size > 512 || g.slots < 1 || g.slots > 64 || g.slot_bytes == 0 ||
-      g.slot_bytes % kPage != 0 || g.slot_bytes > (std::size_t{1} << 30)) {
+      g.slot_bytes % kPage != 0 || g.slot_bytes > (std::size_t{1} << 30) || g.allreduce_handoffs < 0 ||
+      g.allreduce_handoffs > 2) {
     return {Result::invalid_argument, "shared-memory window: bad geometry (" + std::to_string(g.local_size) +
                                           " ranks, " + std::to_string(g.slots) + " slots of " +
-                                          std::to_string(g.slot_bytes) + " bytes)"};
+                                          std::to_string(g.slot_bytes) + " bytes, all-reduce hand-offs " +
+                                          std::to_string(g.allreduce_handoffs) + ")"};
   }
   return {};
 }
@@ -274,6 +278,7 @@ std::size_t ShmWindow::default_slot_bytes(int local_size, int slots) noexcept {
   return std::clamp(per, std::size_t{256} << 10, std::size_t{1} << 20) / 4096 * 4096;
 }
 int ShmWindow::slots() const noexcept { return seg_->header().slots; }
+int ShmWindow::allreduce_handoffs() const noexcept { return seg_->header().allreduce_handoffs; }
 std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept { return seg_->slot(r, s); }
 
 std::uint64_t ShmWindow::progress(int r) const noexcept {
@@ -296,6 +301,10 @@ void ShmWindow::publish(std::uint64_t value) noexcept {
 void ShmWindow::set_call_sig(std::uint64_t slot, const CallSig& sig) noexcept { seg_->sig(index_, slot).sig = sig; }
 
 ShmWindow::CallSig ShmWindow::call_sig(int r, std::uint64_t slot) const noexcept { return seg_->sig(r, slot).sig; }
+
+void ShmWindow::set_call_hint(std::uint64_t slot, std::uint64_t hint) noexcept { seg_->sig(index_, slot).hint = hint; }
+
+std::uint64_t ShmWindow::call_hint(int r, std::uint64_t slot) const noexcept { return seg_->sig(r, slot).hint; }
 
 void ShmWindow::fail(const Status& why) {
   if (failed_.load(std::memory_order_acquire)) return;

@@ -26,9 +26,11 @@
 // counters are out of step and the window is not used again.
 #pragma once
 
+#include <any>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -58,6 +60,11 @@ class ShmWindow {
     int local_size = 0;
     std::size_t slot_bytes = 0;  // multiple of 4096
     int slots = 0;
+    // How the all-reduce runs calls of at most 64 KiB per peer (see
+    // collectives/allreduce/handoffs.hpp): 0 = chosen by measurement, 1 or 2
+    // = always that many hand-offs (CCLZ_SHM_ALLREDUCE_HANDOFFS). Part of
+    // the window so that every rank runs the same protocol.
+    int allreduce_handoffs = 0;
   };
 
   // The slot size when CCLZ_SHM_SLOT_KB is unset. One pipeline chunk fills a
@@ -104,6 +111,7 @@ class ShmWindow {
   int slots() const noexcept;
   // Whether the node's ranks outnumber its cores (then waits never spin).
   bool oversubscribed() const noexcept { return oversubscribed_; }
+  int allreduce_handoffs() const noexcept;
 
   // Slot `s` of local rank `r` (s taken modulo slots()).
   std::byte* slot(int r, std::uint64_t s) const noexcept;
@@ -125,6 +133,23 @@ class ShmWindow {
 
   void set_call_sig(std::uint64_t slot, const CallSig& sig) noexcept;
   CallSig call_sig(int r, std::uint64_t slot) const noexcept;
+  // A word an algorithm sends with a call, in the same cache line as the
+  // call's CallSig (which every peer reads anyway after its first wait): set
+  // it before publishing the first stage of the chunk, read it after waiting
+  // for that stage.
+  void set_call_hint(std::uint64_t slot, std::uint64_t hint) noexcept;
+  std::uint64_t call_hint(int r, std::uint64_t slot) const noexcept;
+
+  // State an algorithm keeps in this process for this window across calls,
+  // one object per type T, made on first use (and never moved: a deque).
+  // Not shared with other ranks.
+  template <class T>
+  T& local_state() {
+    for (std::any& a : local_state_) {
+      if (T* t = std::any_cast<T>(&a)) return *t;
+    }
+    return *std::any_cast<T>(&local_state_.emplace_back(std::in_place_type<T>));
+  }
 
   // Makes every pending and later wait() of this rank fail with `why`, and
   // marks this rank aborted so that peers waiting on it stop too.
@@ -143,6 +168,7 @@ class ShmWindow {
   std::vector<int> pids_;
   std::atomic<bool> failed_{false};
   Status fail_status_;  // written before failed_ is set
+  std::deque<std::any> local_state_;
 };
 
 }  // namespace cclz::detail

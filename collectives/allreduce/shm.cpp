@@ -1,46 +1,69 @@
 // Node-local all-reduce over the shared-memory window (see shm_pipeline.hpp).
 //
-// Small buffers (see small_path): every rank copies its input into its slot,
-// then reduces all n slots in rank order straight into its output: 2
-// stages, one wait on the peers. Every rank applies the same kernel to the
-// same operands in the same order, so results are bitwise identical.
+// Calls that fit one slot may take one hand-off: every rank copies its input
+// into its slot, then reduces all n slots in rank order straight into its
+// output (2 stages, one wait on the peers). Every rank applies the same
+// kernel to the same operands in the same order, so results are bitwise
+// identical. Which calls do is decided per call (fixed_handoffs() below).
 //
-// Larger buffers, chunk by chunk: (0) copy the chunk, except my 1/n share of
+// The others, chunk by chunk: (0) copy the chunk, except my 1/n share of
 // it, into my slot; (1) reduce my share over my input and the n-1 peers'
 // slots, in rank order, into my slot (where my share was not staged),
 // publish, and copy it to my output; (2) copy the other shares' results
 // into my output.
 // Each share is reduced once, by its owner, and copied by the others:
-// bitwise identical on every rank. Memory traffic per rank: the input read
-// and the output written once each (the roofline's minimum); everything
-// else stays in the shared cache, a slot being read a few microseconds
-// after it was written. CPU work per rank: (n-1)/n of the buffer staged,
-// 1/n reduced, (n-1)/n copied out.
+// bitwise identical on every rank, and to the one-hand-off result. Memory
+// traffic per rank: the input read and the output written once each (the
+// roofline's minimum); everything else stays in the shared cache, a slot
+// being read a few microseconds after it was written. CPU work per rank:
+// (n-1)/n of the buffer staged, 1/n reduced, (n-1)/n copied out.
 //
-// Cost: 2 (small) or 3 stages per chunk, chunks = bytes / slot.
+// Cost: 2 (one hand-off) or 3 stages per chunk, chunks = bytes / slot.
 #include "allreduce/common.hpp"
+#include "allreduce/handoffs.hpp"
 #include "shm_pipeline.hpp"
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 namespace cclz::coll {
 namespace {
 
-// The small path saves a hand-off but has every rank read all n-1 peers'
-// whole buffers instead of 2(n-1)/n of one. With spinning waits a hand-off
-// is cheap: on 2 bound ranks the large path was faster from 3 KB (16 KB:
-// 1.57 against 2.72 us) and the small one only up to 2 KB; with more ranks
-// than cores a hand-off may cost a context switch, and 4 ranks on 2 cores
-// favoured the small path up to 16 KB and the large one from 32 KB
-// (docs/performance.md).
-constexpr std::size_t kSmallPeerBytes = 2 << 10;        // ranks fit the cores: bytes * (n-1)
-constexpr std::size_t kSmallOversubscribed = 16 << 10;  // more ranks than cores: bytes
+using allreduce_impl::HandoffChooser;
 
-// Every rank of the window decides alike: the same bytes and geometry, and
-// oversubscribed() comes from the rendezvous table they all share.
-bool small_path(const detail::ShmWindow& w, std::size_t bytes, int n) {
-  if (bytes > w.slot_bytes()) return false;
-  if (w.oversubscribed()) return bytes <= kSmallOversubscribed;
-  return bytes * static_cast<std::size_t>(n - 1) <= kSmallPeerBytes;
+// With more ranks than cores a hand-off may cost a context switch, and
+// timing calls there measures the scheduler more than the protocol: 4 ranks
+// on 2 cores favoured one hand-off up to 16 KB and two from 32 KB
+// (docs/performance.md), so that is fixed.
+constexpr std::size_t kOneOversubscribed = 16 << 10;
+
+// Hand-offs for a call of `bytes` (1 or 2; a call larger than a slot runs
+// the chunked pipeline, 2), or 0 when the HandoffChooser's `band` decides.
+// Every rank of the window decides alike: the same bytes and geometry,
+// oversubscribed() from the rendezvous table they share, and the chooser's
+// choices in effect, which every rank took from rank 0 in the same call.
+int fixed_handoffs(const detail::ShmWindow& w, std::size_t bytes, int n, int* band) {
+  *band = -1;
+  if (bytes > w.slot_bytes()) return 2;
+  const std::size_t peer_bytes = bytes * static_cast<std::size_t>(n - 1);
+  const int fixed = w.allreduce_handoffs();
+  if (fixed != 0 && peer_bytes <= HandoffChooser::kChooseUpTo) return fixed;
+  if (w.oversubscribed()) return bytes <= kOneOversubscribed ? 1 : 2;
+  if (peer_bytes <= HandoffChooser::kOneUpTo) return 1;
+  *band = HandoffChooser::band(peer_bytes);
+  return *band < 0 ? 2 : 0;
 }
+
+// A steady clock cheap enough to read twice per microsecond-long call.
+std::uint64_t ticks() {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
+
 // Outputs larger than this are written with streaming stores: they would
 // not stay in the cache anyway, and the slots should.
 constexpr std::size_t kStreamBytes = 4 << 20;
@@ -55,8 +78,26 @@ Status run(Group& g, const CollArgs& a) {
   const auto sig = shm::call_sig(g, a, a.count);
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
 
-  if (small_path(w, bytes, n)) {
+  int band = -1;
+  int hand_offs = fixed_handoffs(w, bytes, n, &band);
+  // A timed call: rank 0 sends its choices with it (before publishing stage
+  // 0), every rank takes them after its first wait (stage 1 of chunk 0).
+  HandoffChooser* chooser = hand_offs == 0 ? &w.local_state<HandoffChooser>() : nullptr;
+  if (chooser != nullptr) hand_offs = chooser->handoffs(band);
+  auto exchange_choices = [&](std::uint64_t slot, int t) {
+    if (chooser == nullptr) return;
+    if (t == 0 && me == 0) w.set_call_hint(slot, chooser->wanted());
+    if (t == 1) chooser->take(w.call_hint(0, slot));
+  };
+  const std::uint64_t start = chooser != nullptr && me == 0 ? ticks() : 0;
+  auto timed = [&](Status st) {
+    if (st.ok() && chooser != nullptr && me == 0) chooser->record(band, hand_offs, ticks() - start);
+    return st;
+  };
+
+  if (hand_offs == 1) {
     auto body = [&](std::size_t, std::uint64_t slot, int t) {
+      exchange_choices(slot, t);
       if (t == 0) {
         shm::copy(w.slot(me, slot), src, bytes);
       } else {
@@ -64,7 +105,7 @@ Status run(Group& g, const CollArgs& a) {
         kernels::reduce_many(dst, srcs, a.count, a.dt, a.op);
       }
     };
-    return shm::run_pipeline(g, sig, 1, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce");
+    return timed(shm::run_pipeline(g, sig, 1, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce"));
   }
 
   // Chunk: C elements, one slot. My share's part of my slot is not staged
@@ -80,6 +121,7 @@ Status run(Group& g, const CollArgs& a) {
     const shm::Shares sh{len, shm::line_elems(es), n};
     const std::size_t off = sh.off(me), m = sh.size(me);
     std::byte* mine = w.slot(me, slot);
+    exchange_choices(slot, t);
     if (t == 0) {
       shm::copy(mine, src + first * es, off * es);
       shm::copy(mine + (off + m) * es, src + (first + off + m) * es, (len - off - m) * es);
@@ -104,7 +146,7 @@ Status run(Group& g, const CollArgs& a) {
     const std::size_t off = sh.off(me), m = sh.size(me);
     if (m != 0) out_copy(dst + (first + off) * es, w.slot(me, slot) + off * es, m * es);
   };
-  return shm::run_pipeline(g, sig, chunks, 3, body, [](int) { return shm::Deps::all(); }, "all_reduce", own);
+  return timed(shm::run_pipeline(g, sig, chunks, 3, body, [](int) { return shm::Deps::all(); }, "all_reduce", own));
 }
 
 bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }

@@ -100,9 +100,16 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     EXPECT_EQ(cfg.algo_spec, "broadcast=chain");
     EXPECT_EQ(cfg.local_size, 4);
   }
+  for (const auto& [value, handoffs] : {std::pair{"auto", 0}, std::pair{"AUTO", 0}, std::pair{"1", 1},
+                                        std::pair{"2", 2}}) {
+    ScopedEnv h("CCLZ_SHM_ALLREDUCE_HANDOFFS", value);
+    detail::Config cfg;
+    ASSERT_TRUE(detail::config_from_env(&cfg).ok()) << value;
+    EXPECT_EQ(cfg.shm_allreduce_handoffs, handoffs) << value;
+  }
   {
     ScopedEnv t("CCLZ_TIMEOUT", nullptr), c("CCLZ_CHECK", nullptr), d("CCLZ_DEBUG", nullptr),
-        a("CCLZ_ALGO", nullptr), l("CCLZ_LOCAL_SIZE", nullptr);
+        a("CCLZ_ALGO", nullptr), l("CCLZ_LOCAL_SIZE", nullptr), h("CCLZ_SHM_ALLREDUCE_HANDOFFS", nullptr);
     detail::Config cfg;
     ASSERT_TRUE(detail::config_from_env(&cfg).ok());
     EXPECT_EQ(cfg.timeout_s, 300.0);
@@ -110,6 +117,7 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     EXPECT_EQ(cfg.log_level, detail::LogLevel::none);
     EXPECT_TRUE(cfg.algo.empty());
     EXPECT_EQ(cfg.local_size, 0);
+    EXPECT_EQ(cfg.shm_allreduce_handoffs, 0);
   }
   struct Bad {
     const char* name;
@@ -118,7 +126,8 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
   for (Bad b : {Bad{"CCLZ_TIMEOUT", "soon"}, Bad{"CCLZ_TIMEOUT", "-1"}, Bad{"CCLZ_CHECK", "maybe"},
                 Bad{"CCLZ_DEBUG", "LOUD"}, Bad{"CCLZ_ALGO", "all_reduce=nope"}, Bad{"CCLZ_LOCAL_SIZE", "0"},
                 Bad{"CCLZ_LOCAL_SIZE", "2x"}, Bad{"CCLZ_SPIN_US", "fast"}, Bad{"CCLZ_YIELD_US", "-5"},
-                Bad{"CCLZ_POLL_MS", "0"}, Bad{"CCLZ_POLL_MS", "1ms"}}) {
+                Bad{"CCLZ_POLL_MS", "0"}, Bad{"CCLZ_POLL_MS", "1ms"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "3"},
+                Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "0"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "one"}}) {
     ScopedEnv e(b.name, b.value);
     detail::Config cfg;
     Status st = detail::config_from_env(&cfg);

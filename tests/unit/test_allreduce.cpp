@@ -26,6 +26,7 @@
 
 #include "algorithm.hpp"
 #include "allreduce/common.hpp"
+#include "allreduce/handoffs.hpp"
 #include "group.hpp"
 #include "kernels.hpp"
 #include "shm_nodes.hpp"
@@ -150,10 +151,13 @@ std::string describe(const std::string& label, int n, const Case& c) {
 struct ShmSetup {
   std::size_t slot_bytes = 4096;
   int slots = 3;
+  int allreduce_handoffs = 0;  // 0: measured (HandoffChooser), 1 or 2: fixed
 };
 
 std::unique_ptr<testing::ShmNodes> make_shm(const std::vector<int>& nodes, const ShmSetup* shm) {
-  return shm == nullptr ? nullptr : std::make_unique<testing::ShmNodes>(nodes, shm->slot_bytes, shm->slots);
+  return shm == nullptr ? nullptr
+                        : std::make_unique<testing::ShmNodes>(nodes, shm->slot_bytes, shm->slots,
+                                                              shm->allreduce_handoffs);
 }
 
 void check_cases(const std::string& label, const std::vector<int>& nodes, const std::vector<Case>& cases,
@@ -247,6 +251,117 @@ TEST(AllReduce, ShmEveryDtypeOpSizeAndCount) {
   check_flat("shm", &tiny);
   check_flat("shm", &standard);
   for (int n : {2, 3, 5}) check_cases("shm two slots", flat_nodes(n), large_cases(), by_descriptor("shm"), &two);
+}
+
+// Calls up to 64 KiB per peer with the protocol fixed either way
+// (CCLZ_SHM_ALLREDUCE_HANDOFFS), whether or not the ranks fit the cores:
+// count 1001 of every dtype is 1-8 KB per peer, and the one-page slots
+// send the larger calls through the chunked pipeline.
+TEST(AllReduce, ShmWithOneOrTwoHandOffs) {
+  for (int h : {1, 2}) {
+    const ShmSetup tiny{4096, 3, h}, standard{256 << 10, 4, h};
+    check_flat("shm", &tiny);
+    check_flat("shm", &standard);
+  }
+}
+
+// Measured choice (the default) on 2 ranks, which fit this host's cores
+// unless it has only one: a stream of calls in one band runs both protocols
+// (the chooser warms up on each, then explores), every result exact.
+TEST(AllReduce, ShmMeasuredHandOffsRunBothProtocols) {
+  if (detail::usable_cpus() < 2) GTEST_SKIP() << "one CPU: 2 ranks are oversubscribed, the choice is fixed";
+  const ShmSetup standard{256 << 10, 4};
+  std::vector<Case> cases;
+  for (int i = 0; i < 80; ++i) {
+    cases.push_back({i % 2 ? DataType::f32 : DataType::bf16, ReduceOp::sum, 1501, i % 3 == 0});
+  }
+  const auto windows = make_shm(flat_nodes(2), &standard);
+  std::array<int, 2> ran{};
+  testing::run_ranks(2, [&](detail::Transport& t, int rank) {
+    ScratchPool pool;
+    const auto window = windows->window(rank);
+    const AlgorithmDesc& d = algo("shm");
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const Case& c = cases[k];
+      const std::size_t es = dtype_size(c.dt), bytes = c.count * es;
+      std::vector<std::byte> send(bytes), recv(bytes), expect(bytes);
+      for (std::size_t i = 0; i < c.count; ++i) {
+        store(send.data() + i * es, c.dt, input_value(rank, i + k, c.op, c.dt));
+        store(expect.data() + i * es, c.dt, expected_value(2, i + k, c.op, c.dt));
+      }
+      if (c.in_place) recv = send;
+      CollArgs a;
+      a.kind = CollKind::all_reduce;
+      a.sendbuf = c.in_place ? recv.data() : send.data();
+      a.recvbuf = recv.data();
+      a.count = c.count;
+      a.dt = c.dt;
+      a.op = c.op;
+      Group g = make_group(t, flat_nodes(2), k + 1, pool);
+      g.attach_shm(window.get());
+      const auto band = coll::allreduce_impl::HandoffChooser::band(bytes);
+      ASSERT_GE(band, 0);
+      const int h = window->local_state<coll::allreduce_impl::HandoffChooser>().handoffs(band);
+      const Status st = d.run(g, a);
+      ASSERT_TRUE(st.ok()) << describe("shm measured", 2, c) << " rank " << rank << ": " << st.to_string();
+      EXPECT_EQ(recv, expect) << describe("shm measured", 2, c) << " rank " << rank << " call " << k;
+      if (rank == 0) ran[static_cast<std::size_t>(h - 1)] += 1;
+    }
+  });
+  EXPECT_GT(ran[0], 0) << "one hand-off never ran";
+  EXPECT_GT(ran[1], 0) << "two hand-offs never ran";
+}
+
+TEST(HandoffChooser, Bands) {
+  using coll::allreduce_impl::HandoffChooser;
+  EXPECT_EQ(HandoffChooser::band(0), -1);
+  EXPECT_EQ(HandoffChooser::band(2048), -1);
+  EXPECT_EQ(HandoffChooser::band(2049), 0);
+  EXPECT_EQ(HandoffChooser::band(4096), 0);
+  EXPECT_EQ(HandoffChooser::band(4097), 1);
+  EXPECT_EQ(HandoffChooser::band(16384), 2);
+  EXPECT_EQ(HandoffChooser::band(16385), 3);
+  EXPECT_EQ(HandoffChooser::band(65536), 4);
+  EXPECT_EQ(HandoffChooser::band(65537), -1);
+}
+
+// The chooser's decisions, fed times directly (as rank 0 records them).
+TEST(HandoffChooser, PicksTheFasterExploresAndFollowsAChange) {
+  using coll::allreduce_impl::HandoffChooser;
+  HandoffChooser c;
+  for (int b = 0; b < HandoffChooser::kBands; ++b) EXPECT_EQ(c.handoffs(b), 2) << "band " << b;
+  auto wanted = [&](int band) { return (c.wanted() >> band) & 1 ? 2 : 1; };
+  // Warm-up: whichever protocol has fewer samples.
+  c.record(1, 2, 200);
+  EXPECT_EQ(wanted(1), 1);
+  c.record(1, 1, 100);
+  c.record(1, 2, 210);
+  EXPECT_EQ(wanted(1), 1);
+  c.record(1, 1, 110);
+  // Warmed up: one hand-off is faster; every kExplore-th call of the band
+  // tries the other. Other bands are untouched.
+  int explored = 0;
+  for (unsigned k = 5; k <= 4 * HandoffChooser::kExplore; ++k) {
+    c.record(1, 1, 100 + k % 7);
+    if (k % HandoffChooser::kExplore == 0) {
+      EXPECT_EQ(wanted(1), 2) << "call " << k;
+      ++explored;
+    } else {
+      EXPECT_EQ(wanted(1), 1) << "call " << k;
+    }
+    EXPECT_EQ(wanted(0), 2);
+  }
+  EXPECT_EQ(explored, 4);
+  // The machine changes: one hand-off becomes slower than two's best. Once
+  // its last kSamples times are all slow, two hand-offs win.
+  for (int k = 0; k < HandoffChooser::kSamples; ++k) c.record(1, 1, 500);
+  EXPECT_EQ(wanted(1), 2);
+  // Choices take effect when taken (every rank takes rank 0's in a call).
+  EXPECT_EQ(c.handoffs(1), 2);
+  c.take(0);
+  EXPECT_EQ(c.handoffs(1), 1);
+  c.take(~std::uint64_t{0});
+  EXPECT_EQ(c.handoffs(4), 2);
 }
 
 TEST(AllReduce, ShmDeclinesGroupsWithoutAWindow) {
