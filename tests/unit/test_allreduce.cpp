@@ -160,8 +160,11 @@ std::unique_ptr<testing::ShmNodes> make_shm(const std::vector<int>& nodes, const
                                                               shm->allreduce_handoffs);
 }
 
+// Runs on every rank right before each call (the rank's window, null without one).
+using BeforeCall = std::function<void(int rank, detail::ShmWindow* window, const CollArgs& a)>;
+
 void check_cases(const std::string& label, const std::vector<int>& nodes, const std::vector<Case>& cases,
-                 const RunFn& fn, const ShmSetup* shm = nullptr) {
+                 const RunFn& fn, const ShmSetup* shm = nullptr, const BeforeCall& before_call = nullptr) {
   const int n = static_cast<int>(nodes.size());
   const auto windows = make_shm(nodes, shm);
   testing::run_ranks(n, [&](detail::Transport& t, int rank) {
@@ -186,6 +189,7 @@ void check_cases(const std::string& label, const std::vector<int>& nodes, const 
       a.op = c.op;
       Group g = make_group(t, nodes, k + 1, pool);
       g.attach_shm(window.get());
+      if (before_call) before_call(rank, window.get(), a);
       const Status st = fn(g, a);
       // A failed rank stops here; the others then fail by timeout, not hang.
       ASSERT_TRUE(st.ok()) << describe(label, n, c) << " rank " << rank << ": " << st.to_string();
@@ -275,39 +279,15 @@ TEST(AllReduce, ShmMeasuredHandOffsRunBothProtocols) {
   for (int i = 0; i < 80; ++i) {
     cases.push_back({i % 2 ? DataType::f32 : DataType::bf16, ReduceOp::sum, 1501, i % 3 == 0});
   }
-  const auto windows = make_shm(flat_nodes(2), &standard);
+  // The protocol each call runs, as rank 0's chooser has it in effect.
   std::array<int, 2> ran{};
-  testing::run_ranks(2, [&](detail::Transport& t, int rank) {
-    ScratchPool pool;
-    const auto window = windows->window(rank);
-    const AlgorithmDesc& d = algo("shm");
-    for (std::size_t k = 0; k < cases.size(); ++k) {
-      const Case& c = cases[k];
-      const std::size_t es = dtype_size(c.dt), bytes = c.count * es;
-      std::vector<std::byte> send(bytes), recv(bytes), expect(bytes);
-      for (std::size_t i = 0; i < c.count; ++i) {
-        store(send.data() + i * es, c.dt, input_value(rank, i + k, c.op, c.dt));
-        store(expect.data() + i * es, c.dt, expected_value(2, i + k, c.op, c.dt));
-      }
-      if (c.in_place) recv = send;
-      CollArgs a;
-      a.kind = CollKind::all_reduce;
-      a.sendbuf = c.in_place ? recv.data() : send.data();
-      a.recvbuf = recv.data();
-      a.count = c.count;
-      a.dt = c.dt;
-      a.op = c.op;
-      Group g = make_group(t, flat_nodes(2), k + 1, pool);
-      g.attach_shm(window.get());
-      const auto band = coll::allreduce_impl::HandoffChooser::band(bytes);
-      ASSERT_GE(band, 0);
-      const int h = window->local_state<coll::allreduce_impl::HandoffChooser>().handoffs(band);
-      const Status st = d.run(g, a);
-      ASSERT_TRUE(st.ok()) << describe("shm measured", 2, c) << " rank " << rank << ": " << st.to_string();
-      EXPECT_EQ(recv, expect) << describe("shm measured", 2, c) << " rank " << rank << " call " << k;
-      if (rank == 0) ran[static_cast<std::size_t>(h - 1)] += 1;
-    }
-  });
+  auto count_protocol = [&](int rank, detail::ShmWindow* w, const CollArgs& a) {
+    using coll::allreduce_impl::HandoffChooser;
+    const int band = HandoffChooser::band(a.count * dtype_size(a.dt));
+    ASSERT_GE(band, 0);
+    if (rank == 0) ran[static_cast<std::size_t>(w->local_state<HandoffChooser>().handoffs(band) - 1)] += 1;
+  };
+  check_cases("shm measured", flat_nodes(2), cases, by_descriptor("shm"), &standard, count_protocol);
   EXPECT_GT(ran[0], 0) << "one hand-off never ran";
   EXPECT_GT(ran[1], 0) << "two hand-offs never ran";
 }
