@@ -10,7 +10,7 @@
 // against 1.57 us (two) in one period and 4.34-4.67 against 5.35-5.77 us in
 // another (docs/performance.md). So calls between kOneUpTo and kChooseUpTo
 // bytes per peer are timed on local rank 0, per size band, and each band
-// runs the protocol whose best recent time is lower, trying the other one
+// runs the protocol whose recent times are lower, trying the other one
 // every kExplore-th call to notice when the machine changes.
 //
 // Both protocols apply the same kernel to the same operands in the same
@@ -38,10 +38,18 @@ class HandoffChooser {
   static constexpr std::size_t kChooseUpTo = std::size_t{64} << 10;
   // Bands (2,4], (4,8], (8,16], (16,32], (32,64] KiB per peer.
   static constexpr int kBands = 5;
-  // A protocol's time in a band: the best of its last kSamples calls (the
-  // best, because a preempted or disturbed call is only ever slower).
+  // A protocol's time in a band: the first quartile of its last kSamples
+  // calls (a low quantile, because a preempted or disturbed call is only
+  // ever slower). A call that runs a different protocol from the band's
+  // previous call is not counted: it finds the slots as the other protocol
+  // left them, and on 2 ranks a lone one-hand-off call among two-hand-off
+  // ones timed faster than a run of them, which made the chooser switch
+  // back and forth. So the protocol not in use is tried in bursts of kBurst
+  // calls every kExplore calls. The times are compared every kDecide calls.
   static constexpr int kSamples = 16;
-  static constexpr unsigned kExplore = 64;
+  static constexpr unsigned kExplore = 128;
+  static constexpr unsigned kBurst = 4;
+  static constexpr unsigned kDecide = 32;
 
   // The band of a call moving `peer_bytes` bytes per peer; -1 outside
   // (kOneUpTo, kChooseUpTo].
@@ -64,31 +72,39 @@ class HandoffChooser {
   void record(int band, int handoffs, std::uint64_t ticks) noexcept {
     Band& b = bands_[static_cast<std::size_t>(band)];
     const auto p = static_cast<std::size_t>(handoffs - 1);
-    b.samples[p][b.next[p]] = ticks;
-    b.next[p] = (b.next[p] + 1) % kSamples;
-    b.filled[p] = std::min(b.filled[p] + 1, kSamples);
+    if (handoffs == b.last) {
+      b.samples[p][static_cast<std::size_t>(b.next[p])] = ticks;
+      b.next[p] = (b.next[p] + 1) % kSamples;
+      b.filled[p] = std::min(b.filled[p] + 1, kSamples);
+    }
+    b.last = handoffs;
     ++b.calls;
     int pick;
     if (b.filled[0] < kWarmUp || b.filled[1] < kWarmUp) {
       pick = b.filled[0] <= b.filled[1] ? 1 : 2;  // warming up: the protocol with fewer samples
     } else {
-      pick = best(b, 0) <= best(b, 1) ? 1 : 2;
-      if (b.calls % kExplore == 0) pick = 3 - pick;
+      if (b.calls % kDecide == 0) b.choice = quartile(b, 0) <= quartile(b, 1) ? 1 : 2;
+      pick = (b.calls + kBurst) % kExplore < kBurst ? 3 - b.choice : b.choice;
     }
     const std::uint64_t bit = std::uint64_t{1} << band;
     wanted_ = pick == 2 ? wanted_ | bit : wanted_ & ~bit;
   }
 
  private:
-  static constexpr int kWarmUp = 2;
+  static constexpr int kWarmUp = 4;
   static constexpr std::uint64_t kAllBands = (std::uint64_t{1} << kBands) - 1;
   struct Band {
     std::array<std::array<std::uint64_t, kSamples>, 2> samples{};
     std::array<int, 2> filled{}, next{};
     unsigned calls = 0;
+    int choice = 2;
+    int last = 0;  // the protocol of the band's previous call
   };
-  static std::uint64_t best(const Band& b, std::size_t p) noexcept {
-    return *std::min_element(b.samples[p].begin(), b.samples[p].begin() + b.filled[p]);
+  static std::uint64_t quartile(const Band& b, std::size_t p) noexcept {
+    std::array<std::uint64_t, kSamples> s = b.samples[p];
+    const auto q = s.begin() + b.filled[p] / 4;
+    std::nth_element(s.begin(), q, s.begin() + b.filled[p]);
+    return *q;
   }
 
   // Two hand-offs everywhere until measured: the faster protocol on this

@@ -305,41 +305,68 @@ TEST(HandoffChooser, Bands) {
   EXPECT_EQ(HandoffChooser::band(65537), -1);
 }
 
-// The chooser's decisions, fed times directly (as rank 0 records them).
-TEST(HandoffChooser, PicksTheFasterExploresAndFollowsAChange) {
-  using coll::allreduce_impl::HandoffChooser;
-  HandoffChooser c;
-  for (int b = 0; b < HandoffChooser::kBands; ++b) EXPECT_EQ(c.handoffs(b), 2) << "band " << b;
-  auto wanted = [&](int band) { return (c.wanted() >> band) & 1 ? 2 : 1; };
-  // Warm-up: whichever protocol has fewer samples.
-  c.record(1, 2, 200);
-  EXPECT_EQ(wanted(1), 1);
-  c.record(1, 1, 100);
-  c.record(1, 2, 210);
-  EXPECT_EQ(wanted(1), 1);
-  c.record(1, 1, 110);
-  // Warmed up: one hand-off is faster; every kExplore-th call of the band
-  // tries the other. Other bands are untouched.
-  int explored = 0;
-  for (unsigned k = 5; k <= 4 * HandoffChooser::kExplore; ++k) {
-    c.record(1, 1, 100 + k % 7);
-    if (k % HandoffChooser::kExplore == 0) {
-      EXPECT_EQ(wanted(1), 2) << "call " << k;
-      ++explored;
-    } else {
-      EXPECT_EQ(wanted(1), 1) << "call " << k;
+// The chooser on a simulated machine: each call runs the protocol in
+// effect, takes rank 0's wanted choices (as every rank does during a call)
+// and is recorded with the time `cost` gives it.
+struct SimulatedBand {
+  coll::allreduce_impl::HandoffChooser c;
+  int band = 1, previous = 0;
+  std::array<int, 2> ran{};
+  // cost(protocol, whether the previous call ran the other one)
+  template <class Cost>
+  void run(int calls, Cost cost) {
+    ran = {};
+    for (int k = 0; k < calls; ++k) {
+      const int h = c.handoffs(band);
+      c.take(c.wanted());
+      c.record(band, h, cost(h, previous != 0 && previous != h));
+      previous = h;
+      ++ran[static_cast<std::size_t>(h - 1)];
     }
-    EXPECT_EQ(wanted(0), 2);
   }
-  EXPECT_EQ(explored, 4);
-  // The machine changes: one hand-off becomes slower than two's best. Once
-  // its last kSamples times are all slow, two hand-offs win.
-  for (int k = 0; k < HandoffChooser::kSamples; ++k) c.record(1, 1, 500);
-  EXPECT_EQ(wanted(1), 2);
-  // Choices take effect when taken (every rank takes rank 0's in a call).
+};
+
+TEST(HandoffChooser, RunsTheFasterProtocolAndTriesTheOther) {
+  using coll::allreduce_impl::HandoffChooser;
+  SimulatedBand sim;
+  for (int b = 0; b < HandoffChooser::kBands; ++b) EXPECT_EQ(sim.c.handoffs(b), 2) << "band " << b;
+  // Warm-up samples both, then the first decision.
+  sim.run(2 * HandoffChooser::kDecide, [](int h, bool) { return h == 1 ? 100u : 200u; });
+  EXPECT_GT(sim.ran[0], 4);
+  EXPECT_GT(sim.ran[1], 4);
+  // Then one hand-off runs, and two only in the exploring bursts.
+  sim.run(1024, [](int h, bool) { return h == 1 ? 100u : 200u; });
+  EXPECT_EQ(sim.ran[1], static_cast<int>(1024 / HandoffChooser::kExplore * HandoffChooser::kBurst));
+  EXPECT_EQ(sim.c.handoffs(0), 2) << "another band changed";
+  // A few disturbed calls do not move it.
+  sim.run(3, [](int, bool) { return 5000u; });
+  sim.run(8, [](int h, bool) { return h == 1 ? 100u : 200u; });
+  EXPECT_EQ(sim.ran[0], 8);
+  // The machine changes: one hand-off becomes the slower. Within a few
+  // decisions two hand-offs run, and then keep running.
+  sim.run(HandoffChooser::kSamples + HandoffChooser::kDecide, [](int h, bool) { return h == 1 ? 500u : 200u; });
+  EXPECT_EQ(sim.c.handoffs(1), 2);
+  sim.run(512, [](int h, bool) { return h == 1 ? 500u : 200u; });
+  EXPECT_EQ(sim.ran[0], static_cast<int>(512 / HandoffChooser::kExplore * HandoffChooser::kBurst));
+}
+
+// A call right after a switch of protocol is not counted: here a lone
+// one-hand-off call looks fast, a run of them is slow.
+TEST(HandoffChooser, IgnoresTheCallAfterASwitch) {
+  using coll::allreduce_impl::HandoffChooser;
+  SimulatedBand sim;
+  auto cost = [](int h, bool switched) { return h == 2 ? 100u : switched ? 50u : 150u; };
+  sim.run(2 * HandoffChooser::kDecide, cost);
+  sim.run(1024, cost);
+  EXPECT_EQ(sim.ran[0], static_cast<int>(1024 / HandoffChooser::kExplore * HandoffChooser::kBurst));
+}
+
+TEST(HandoffChooser, ChoicesTakeEffectWhenTaken) {
+  coll::allreduce_impl::HandoffChooser c;
   EXPECT_EQ(c.handoffs(1), 2);
   c.take(0);
   EXPECT_EQ(c.handoffs(1), 1);
+  EXPECT_EQ(c.handoffs(4), 1);
   c.take(~std::uint64_t{0});
   EXPECT_EQ(c.handoffs(4), 2);
 }
