@@ -101,6 +101,10 @@ class Bench {
   // unusable and the run stops).
   bool run_table(const std::string& algorithm, bool footer, std::vector<Row>* rows);
 
+  // One row of `algorithm`'s table. Returns false when a collective failed
+  // (reported on stderr by every rank; the communicator is then unusable).
+  bool run_point(const std::string& algorithm, const Point& p, Row* row);
+
  private:
   Row measure(const std::string& algorithm, DataType dt, ReduceOp op, std::size_t bytes, bool has_op);
   Status call(const CollCase& c, const testing::VLayout& v, const void* s, void* r, const CallOptions& opt);
@@ -297,32 +301,33 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
   return row;
 }
 
-bool Bench::run_table(const std::string& algorithm, bool footer, std::vector<Row>* rows) {
+bool Bench::run_point(const std::string& algorithm, const Point& p, Row* row) {
   const testing::CollInfo& ci = testing::coll_info(o_.kind);
-  const std::vector<std::size_t> sizes = sweep_sizes(o_);
+  *row = measure(algorithm, p.dt, p.op, p.bytes, ci.reduces);
+  if (!failed_) return true;
+  // Every rank knows a call failed; each says what it saw.
+  std::fprintf(stderr, "cclz-perf: rank %d: %s %s %s %s %zu bytes failed: %s\n", rank_, ci.name,
+               algorithm.empty() ? "(tuner)" : algorithm.c_str(), dtype_name(p.dt), ci.reduces ? op_name(p.op) : "",
+               row->bytes, error_.empty() ? "(a peer failed)" : error_.c_str());
+  return false;
+}
+
+bool Bench::run_table(const std::string& algorithm, bool footer, std::vector<Row>* rows) {
   if (rank_ == 0) print_table_header(stdout, info_, algorithm.empty() ? "tuner's choice per size" : algorithm);
   std::vector<Row> table;
-  const std::vector<ReduceOp> no_op{ReduceOp::sum};
-  for (DataType dt : o_.dtypes) {
-    for (ReduceOp op : ci.reduces ? o_.ops : no_op) {
-      for (std::size_t bytes : sizes) {
-        Row row = measure(algorithm, dt, op, bytes, ci.reduces);
-        if (failed_) {
-          // Every rank knows a call failed; each says what it saw.
-          std::fprintf(stderr, "cclz-perf: rank %d: %s %s %s %zu bytes failed: %s\n", rank_, ci.name, dtype_name(dt),
-                       ci.reduces ? op_name(op) : "", row.bytes, error_.empty() ? "(a peer failed)" : error_.c_str());
-          if (rank_ == 0 && footer) print_table_footer(stdout, info_, table);
-          rows->insert(rows->end(), table.begin(), table.end());
-          return false;
-        }
-        if (rank_ == 0) print_row(stdout, info_, row);
-        table.push_back(row);
-      }
+  bool ok = true;
+  for (const Point& p : sweep_points(o_)) {
+    Row row;
+    if (!run_point(algorithm, p, &row)) {
+      ok = false;
+      break;
     }
+    if (rank_ == 0) print_row(stdout, info_, row);
+    table.push_back(row);
   }
   if (rank_ == 0 && footer) print_table_footer(stdout, info_, table);
   rows->insert(rows->end(), table.begin(), table.end());
-  return true;
+  return ok;
 }
 
 std::string join_dtypes(const std::vector<DataType>& v) {
@@ -452,20 +457,51 @@ int run(int argc, char** argv) {
     algorithms.clear();
     ok = run_compressed_tables(o, *comm, info);
   }
-  for (const std::string& a : algorithms) {
-    // With several tables each gets its own closing lines; the run's totals
-    // follow at the end either way.
-    Bench bench(o, *comm, mpi.get(), info, buffers);
-    if (bench.run_table(a, algorithms.size() > 1, &rows)) continue;
-    ok = false;
-    // A failed collective leaves the communicator in error; a fresh one lets
-    // the remaining algorithms of -A all still be measured.
+  // A failed collective leaves the communicator in error; a fresh one lets
+  // the remaining algorithms of -A all still be measured.
+  auto renew_comm = [&]() -> bool {
     comm->abort();
     comm.reset();
     st = comm_from_mpi(MPI_COMM_WORLD, &comm);
-    if (!st.ok()) {
-      std::fprintf(stderr, "cclz-perf: rank %d: new communicator after a failure: %s\n", rank, st.to_string().c_str());
-      break;
+    if (st.ok()) return true;
+    std::fprintf(stderr, "cclz-perf: rank %d: new communicator after a failure: %s\n", rank, st.to_string().c_str());
+    return false;
+  };
+  if (algorithms.size() == 1) {
+    Bench bench(o, *comm, mpi.get(), info, buffers);
+    ok = bench.run_table(algorithms[0], false, &rows);
+    if (!ok) renew_comm();
+  } else if (algorithms.size() > 1) {
+    // -A all measures every algorithm at one size before the next size, so
+    // that a change in the host during the run (this project's test host
+    // moves its vCPUs within minutes, which changes small-message times 3x)
+    // falls on all algorithms of a size alike rather than on whole tables.
+    // The tables are printed once everything is measured.
+    if (rank == 0) std::printf("# Algorithms measured in turn at each size; the tables follow once all are done.\n");
+    std::vector<std::vector<Row>> tables(algorithms.size());
+    std::vector<bool> stopped(algorithms.size(), false);
+    bool have_comm = true;
+    for (const Point& p : sweep_points(o)) {
+      for (std::size_t i = 0; i < algorithms.size() && have_comm; ++i) {
+        if (stopped[i]) continue;
+        Bench bench(o, *comm, mpi.get(), info, buffers);
+        Row row;
+        if (bench.run_point(algorithms[i], p, &row)) {
+          tables[i].push_back(row);
+          continue;
+        }
+        ok = false;
+        stopped[i] = true;  // that algorithm's table stops here
+        have_comm = renew_comm();
+      }
+    }
+    for (std::size_t i = 0; i < algorithms.size(); ++i) {
+      if (rank == 0) {
+        print_table_header(stdout, info, algorithms[i]);
+        for (const Row& r : tables[i]) print_row(stdout, info, r);
+        print_table_footer(stdout, info, tables[i]);
+      }
+      rows.insert(rows.end(), tables[i].begin(), tables[i].end());
     }
   }
   bool io_ok = true;

@@ -67,9 +67,11 @@ Options (as nccl-tests unless marked cclz):
   -o, --op OP|all         sum prod max min avg; all = every op (default sum)
   -r, --root R            root of broadcast and reduce (default 0)
   -A, --algorithm NAME    cclz: force an algorithm (e.g. ring); "all" runs every
-                          registered algorithm for the collective, one table
-                          each, then a per-size summary of the fastest against
-                          the tuner's default. Default: the tuner's choice.
+                          registered algorithm for the collective (all of them
+                          at one size before the next size), then prints one
+                          table each and a per-size summary of the fastest
+                          against the tuner's default. Default: the tuner's
+                          choice.
                           (nccl-tests' -a is averaging mode, hence -A.)
       --json FILE         cclz: also write every row as JSON (rank 0)
       --csv FILE          cclz: also write every row as CSV (rank 0)
@@ -222,6 +224,18 @@ std::vector<std::size_t> sweep_sizes(const Options& o) {
   }
   if (sizes.empty()) sizes.push_back(o.min_bytes);
   return sizes;
+}
+
+std::vector<Point> sweep_points(const Options& o) {
+  const bool reduces = testing::coll_info(o.kind).reduces;
+  const std::vector<ReduceOp> sum_only{ReduceOp::sum};
+  std::vector<Point> points;
+  for (DataType dt : o.dtypes) {
+    for (ReduceOp op : reduces ? o.ops : sum_only) {
+      for (std::size_t bytes : sweep_sizes(o)) points.push_back({dt, op, bytes});
+    }
+  }
+  return points;
 }
 
 }  // namespace cclz::perf

@@ -46,4 +46,13 @@ bool parse_bytes(const std::string& s, std::size_t* out);
 // The sizes a sweep visits, in bytes, as nccl-tests does.
 std::vector<std::size_t> sweep_sizes(const Options& o);
 
+// One row of a sweep: every dtype, then every op (sum only for collectives
+// that do not reduce), then every size, in the order tables print them.
+struct Point {
+  DataType dt;
+  ReduceOp op;
+  std::size_t bytes;
+};
+std::vector<Point> sweep_points(const Options& o);
+
 }  // namespace cclz::perf
