@@ -778,10 +778,8 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
                    " KiB; " +
                    (shm->oversubscribed() ? "more ranks than CPUs on the host: waits yield, then sleep"
                                           : "the host's ranks have CPUs of their own: waits spin first") +
-                   "; all-reduce of at most 64 KiB per peer: " +
-                   (shm->allreduce_handoffs() != 0 ? std::to_string(shm->allreduce_handoffs()) + " hand-off(s)"
-                    : shm->oversubscribed()       ? std::string("one hand-off up to 16 KiB")
-                                                  : std::string("hand-offs chosen by measurement")));
+                   "; CCLZ_SHM_ALLREDUCE_HANDOFFS=" +
+                   (shm->allreduce_handoffs() != 0 ? std::to_string(shm->allreduce_handoffs()) : std::string("auto")));
   }
   std::unique_ptr<CommImpl> impl;
   try {
