@@ -66,11 +66,15 @@ if [[ ${CCLZ_SKIP_ASAN:-0} != 1 ]]; then
   asan_targets=(tests/mpi/cclz-mpi-tests tests/mpi/cclz-fault)
   asan_suites=(--suite mpi-core)
   # libcclz_nccl through its C test, and cclz-train on real ranks, when built.
-  if ninja -C "$asan" -t targets all 2>/dev/null | grep -q '^tests/nccl/cclz-nccl-test:'; then
+  # The target list is read whole first: `ninja ... | grep -q` under
+  # pipefail fails whenever grep exits before ninja has written everything
+  # (SIGPIPE), which silently dropped a suite from some runs.
+  asan_all_targets=$(ninja -C "$asan" -t targets all 2>/dev/null || true)
+  if grep -q '^tests/nccl/cclz-nccl-test:' <<<"$asan_all_targets"; then
     asan_targets+=(tests/nccl/cclz-nccl-test tests/nccl/cclz-nccl-fallback-test tests/nccl/standin/libstandin_nccl.so)
     asan_suites+=(--suite nccl-asan)
   fi
-  if ninja -C "$asan" -t targets all 2>/dev/null | grep -q '^trainers/cclz-train:'; then
+  if grep -q '^trainers/cclz-train:' <<<"$asan_all_targets"; then
     asan_targets+=(trainers/cclz-train trainers/cclz-train-local)
     asan_suites+=(--suite trainers-mpi)
   fi
