@@ -173,6 +173,20 @@ const char* cclzGetLastError(cclzComm_t comm) {
   return t_last_error.c_str();
 }
 
+cclzResult_t cclzMemAlloc(void** ptr, size_t size) {
+  return guarded("cclzMemAlloc", [&]() -> cclzResult_t {
+    if (Status st = cclz::mem_alloc(ptr, size); !st.ok()) return fail(st);
+    return cclzSuccess;
+  });
+}
+
+cclzResult_t cclzMemFree(void* ptr) {
+  return guarded("cclzMemFree", [&]() -> cclzResult_t {
+    if (Status st = cclz::mem_free(ptr); !st.ok()) return fail(st);
+    return cclzSuccess;
+  });
+}
+
 cclzResult_t cclzGetUniqueId(cclzUniqueId* uniqueId) {
   return guarded("cclzGetUniqueId", [&]() -> cclzResult_t {
     if (uniqueId == nullptr) return fail(Result::invalid_argument, "cclzGetUniqueId: null id");

@@ -71,6 +71,12 @@ const char* cclzGetErrorString(cclzResult_t result);
 /* This thread's last error message ("" if none); `comm` may be NULL. */
 const char* cclzGetLastError(cclzComm_t comm);
 
+/* Host buffers that the ranks of a node read from one another in place:
+ * large node-local collectives on them copy each byte once (cclz::mem_alloc
+ * in cclz.hpp). size 0 gives *ptr = NULL; cclzMemFree(NULL) does nothing. */
+cclzResult_t cclzMemAlloc(void** ptr, size_t size);
+cclzResult_t cclzMemFree(void* ptr);
+
 /* Creation and teardown */
 cclzResult_t cclzGetUniqueId(cclzUniqueId* uniqueId);
 cclzResult_t cclzCommInitRank(cclzComm_t* comm, int nranks, cclzUniqueId commId, int rank);

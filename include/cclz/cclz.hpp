@@ -52,6 +52,21 @@ struct UniqueId {
   char internal[128];
 };
 
+// Host memory for collective buffers that the node's ranks read from one
+// another directly (as NCCL's ncclMemAlloc buffers): a large node-local
+// collective whose buffers on every rank of the node come from here copies
+// each byte once, straight between the ranks' buffers, instead of staging it
+// through shared slots (docs/performance.md). Any other buffer still works
+// and takes the staged path. The memory is zeroed, page aligned and counted
+// against /dev/shm-like shared memory (a memfd per allocation); a peer keeps
+// its mapping of a freed buffer until it is evicted from its cache or the
+// communicator is destroyed. bytes == 0 gives *ptr = nullptr.
+// Errors: invalid_argument (null ptr), system_error (out of memory).
+Status mem_alloc(void** ptr, std::size_t bytes);
+// Frees a mem_alloc buffer; nullptr is a no-op. Any other pointer (or one
+// freed already) is invalid_argument and frees nothing.
+Status mem_free(void* ptr);
+
 class Comm {
  public:
   // Makes a rendezvous token and starts, in this process, the service that
