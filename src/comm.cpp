@@ -779,7 +779,10 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
                    (shm->oversubscribed() ? "more ranks than CPUs on the host: waits yield, then sleep"
                                           : "the host's ranks have CPUs of their own: waits spin first") +
                    "; CCLZ_SHM_ALLREDUCE_HANDOFFS=" +
-                   (shm->allreduce_handoffs() != 0 ? std::to_string(shm->allreduce_handoffs()) : std::string("auto")));
+                   (shm->allreduce_handoffs() != 0 ? std::to_string(shm->allreduce_handoffs()) : std::string("auto")) +
+                   "; CCLZ_SHM_DIRECT_KB=" +
+                   (shm->direct_min_bytes() == ShmWindow::kDirectOff ? std::string("off")
+                                                                     : std::to_string(shm->direct_min_bytes() >> 10)));
   }
   std::unique_ptr<CommImpl> impl;
   try {

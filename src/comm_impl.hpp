@@ -202,6 +202,12 @@ struct CommImpl {
 
   const Config& config() const noexcept { return cfg_; }
   const Topology& topology() const noexcept { return topo_; }
+  // Calls of this rank that read the node's peers' buffers in place
+  // (collectives/shm_direct.hpp); 0 without a shared-memory window.
+  std::uint64_t direct_calls() const noexcept {
+    const ShmWindow* w = tune_group_ ? tune_group_->shm() : nullptr;
+    return w != nullptr ? w->direct_calls() : 0;
+  }
   const std::vector<RankInfo>& rank_infos() const noexcept { return ranks_; }
 
   int rank_ = 0;

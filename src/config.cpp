@@ -238,6 +238,17 @@ Status config_from_env(Config* out) {
       return {Result::invalid_argument, std::string("CCLZ_SHM_ALLREDUCE_HANDOFFS='") + v + "' is not auto, 1 or 2"};
     }
   }
+  if (const char* v = env("CCLZ_SHM_DIRECT_KB")) {
+    if (lower(v) == "off") {
+      c.shm_direct_min_bytes = ~std::uint64_t{0};
+    } else {
+      long k = 0;
+      if (Status st = int_in("CCLZ_SHM_DIRECT_KB", v, 0, 1L << 30, 1, &k); !st.ok()) {
+        return {st.code(), st.message() + " or off"};
+      }
+      c.shm_direct_min_bytes = static_cast<std::uint64_t>(k) << 10;
+    }
+  }
   // The transport reads the wait back-off itself (UcxWaitPolicy::from_env);
   // checking the values here makes a malformed one fail the communicator's
   // creation instead of silently becoming the default.

@@ -25,7 +25,7 @@
 namespace cclz::detail {
 namespace {
 
-constexpr std::uint64_t kMagic = 0x636c7a73686d3032ULL;  // "clzshm02"
+constexpr std::uint64_t kMagic = 0x636c7a73686d3033ULL;  // "clzshm03"
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kSlotPad = 4096;
@@ -40,6 +40,7 @@ struct Header {
   std::uint64_t slot_bytes;
   std::uint64_t total_bytes;
   std::int32_t allreduce_handoffs;
+  std::uint64_t direct_min_bytes;
 };
 
 struct alignas(kLine) RankCtl {
@@ -129,7 +130,7 @@ class ShmSegment {
   }
   ShmWindow::Geometry geometry() const {
     const Header& h = header();
-    return {h.local_size, h.slot_bytes, h.slots, h.allreduce_handoffs};
+    return {h.local_size, h.slot_bytes, h.slots, h.allreduce_handoffs, h.direct_min_bytes};
   }
   void cache_offsets() {
     const Offsets o = offsets(geometry());
@@ -141,7 +142,7 @@ class ShmSegment {
 
   // Placement-constructs the header and control blocks of a fresh mapping.
   void init(const ShmWindow::Geometry& g, std::size_t total) {
-    auto* h = new (base_) Header{kMagic, g.local_size, g.slots, g.slot_bytes, total, g.allreduce_handoffs};
+    auto* h = new (base_) Header{kMagic, g.local_size, g.slots, g.slot_bytes, total, g.allreduce_handoffs, g.direct_min_bytes};
     (void)h;
     const Offsets o = offsets(g);
     for (int r = 0; r < g.local_size; ++r) {
@@ -279,6 +280,8 @@ std::size_t ShmWindow::default_slot_bytes(int local_size, int slots) noexcept {
 }
 int ShmWindow::slots() const noexcept { return seg_->header().slots; }
 int ShmWindow::allreduce_handoffs() const noexcept { return seg_->header().allreduce_handoffs; }
+std::uint64_t ShmWindow::direct_min_bytes() const noexcept { return seg_->header().direct_min_bytes; }
+int ShmWindow::pid(int r) const noexcept { return seg_->ctl(r).pid.load(std::memory_order_acquire); }
 std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept { return seg_->slot(r, s); }
 
 std::uint64_t ShmWindow::progress(int r) const noexcept {

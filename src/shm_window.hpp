@@ -65,7 +65,16 @@ class ShmWindow {
     // = always that many hand-offs (CCLZ_SHM_ALLREDUCE_HANDOFFS). Part of
     // the window so that every rank runs the same protocol.
     int allreduce_handoffs = 0;
+    // Calls whose largest buffer has at least this many bytes try the
+    // direct path: ranks copy straight from one another's buffers when the
+    // buffers on every rank of the node can be mapped (mem_alloc memory, or
+    // ranks that are threads of one process); see collectives/shm_direct.hpp.
+    // From the node's first rank (CCLZ_SHM_DIRECT_KB), so that every rank
+    // makes the same exchange; kDirectOff: never.
+    std::uint64_t direct_min_bytes = kDirectMinBytes;
   };
+  static constexpr std::uint64_t kDirectMinBytes = std::uint64_t{256} << 10;
+  static constexpr std::uint64_t kDirectOff = ~std::uint64_t{0};
 
   // The slot size when CCLZ_SHM_SLOT_KB is unset. One pipeline chunk fills a
   // slot, and every chunk costs a cross-core hand-off per stage (a peer
@@ -112,6 +121,13 @@ class ShmWindow {
   // Whether the node's ranks outnumber its cores (then waits never spin).
   bool oversubscribed() const noexcept { return oversubscribed_; }
   int allreduce_handoffs() const noexcept;
+  std::uint64_t direct_min_bytes() const noexcept;
+  // The process id of local rank r (0 until it has attached).
+  int pid(int r) const noexcept;
+  // Calls of this rank that ran on the direct path (shm_direct.hpp): for
+  // tests and diagnostics.
+  void count_direct() noexcept { direct_calls_.fetch_add(1, std::memory_order_relaxed); }
+  std::uint64_t direct_calls() const noexcept { return direct_calls_.load(std::memory_order_relaxed); }
 
   // Slot `s` of local rank `r` (s taken modulo slots()).
   std::byte* slot(int r, std::uint64_t s) const noexcept;
@@ -167,6 +183,7 @@ class ShmWindow {
   std::vector<int> pidfds_;  // per local rank; -1 for this process or when unavailable
   std::vector<int> pids_;
   std::atomic<bool> failed_{false};
+  std::atomic<std::uint64_t> direct_calls_{0};
   Status fail_status_;  // written before failed_ is set
   std::deque<std::any> local_state_;
 };

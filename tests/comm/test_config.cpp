@@ -107,9 +107,17 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     ASSERT_TRUE(detail::config_from_env(&cfg).ok()) << value;
     EXPECT_EQ(cfg.shm_allreduce_handoffs, handoffs) << value;
   }
+  for (const auto& [value, bytes] : {std::pair{"0", std::uint64_t{0}}, std::pair{"64", std::uint64_t{64} << 10},
+                                     std::pair{"off", ~std::uint64_t{0}}, std::pair{"OFF", ~std::uint64_t{0}}}) {
+    ScopedEnv h("CCLZ_SHM_DIRECT_KB", value);
+    detail::Config cfg;
+    ASSERT_TRUE(detail::config_from_env(&cfg).ok()) << value;
+    EXPECT_EQ(cfg.shm_direct_min_bytes, bytes) << value;
+  }
   {
     ScopedEnv t("CCLZ_TIMEOUT", nullptr), c("CCLZ_CHECK", nullptr), d("CCLZ_DEBUG", nullptr),
-        a("CCLZ_ALGO", nullptr), l("CCLZ_LOCAL_SIZE", nullptr), h("CCLZ_SHM_ALLREDUCE_HANDOFFS", nullptr);
+        a("CCLZ_ALGO", nullptr), l("CCLZ_LOCAL_SIZE", nullptr), h("CCLZ_SHM_ALLREDUCE_HANDOFFS", nullptr),
+        k("CCLZ_SHM_DIRECT_KB", nullptr);
     detail::Config cfg;
     ASSERT_TRUE(detail::config_from_env(&cfg).ok());
     EXPECT_EQ(cfg.timeout_s, 300.0);
@@ -118,6 +126,7 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     EXPECT_TRUE(cfg.algo.empty());
     EXPECT_EQ(cfg.local_size, 0);
     EXPECT_EQ(cfg.shm_allreduce_handoffs, 0);
+    EXPECT_EQ(cfg.shm_direct_min_bytes, std::uint64_t{256} << 10);
   }
   struct Bad {
     const char* name;
@@ -127,7 +136,8 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
                 Bad{"CCLZ_DEBUG", "LOUD"}, Bad{"CCLZ_ALGO", "all_reduce=nope"}, Bad{"CCLZ_LOCAL_SIZE", "0"},
                 Bad{"CCLZ_LOCAL_SIZE", "2x"}, Bad{"CCLZ_SPIN_US", "fast"}, Bad{"CCLZ_YIELD_US", "-5"},
                 Bad{"CCLZ_POLL_MS", "0"}, Bad{"CCLZ_POLL_MS", "1ms"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "3"},
-                Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "0"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "one"}}) {
+                Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "0"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "one"},
+                Bad{"CCLZ_SHM_DIRECT_KB", "-1"}, Bad{"CCLZ_SHM_DIRECT_KB", "1M"}, Bad{"CCLZ_SHM_DIRECT_KB", "never"}}) {
     ScopedEnv e(b.name, b.value);
     detail::Config cfg;
     Status st = detail::config_from_env(&cfg);

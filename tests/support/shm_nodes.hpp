@@ -2,6 +2,8 @@
 // process: one anonymous segment per node, one window per rank, as the
 // communicator would make them across processes. Small slots by default so
 // that modest counts already run many pipeline chunks and wrap the slots.
+// The direct path (shm_direct.hpp) is off unless asked for: thread ranks
+// share their address space, so it would otherwise take every large call.
 #pragma once
 
 #include <map>
@@ -17,12 +19,13 @@ namespace cclz::testing {
 class ShmNodes {
  public:
   explicit ShmNodes(std::vector<int> node_of, std::size_t slot_bytes = 4096, int slots = 3,
-                    int allreduce_handoffs = 0)
+                    int allreduce_handoffs = 0, std::uint64_t direct_min_bytes = detail::ShmWindow::kDirectOff)
       : node_of_(std::move(node_of)) {
     for (std::size_t r = 0; r < node_of_.size(); ++r) members_[node_of_[r]].push_back(static_cast<int>(r));
     for (const auto& [node, members] : members_) {
       std::shared_ptr<detail::ShmSegment> seg;
-      const detail::ShmWindow::Geometry g{static_cast<int>(members.size()), slot_bytes, slots, allreduce_handoffs};
+      const detail::ShmWindow::Geometry g{static_cast<int>(members.size()), slot_bytes, slots, allreduce_handoffs,
+                                          direct_min_bytes};
       if (!detail::ShmWindow::create_anonymous(g, &seg).ok()) throw std::runtime_error("cannot map a test window");
       segments_[node] = std::move(seg);
     }
