@@ -6,8 +6,13 @@
 // peer's slot into its output. Also the last phase of the hierarchical
 // all-reduce.
 //
+// Large calls whose buffers every rank can read in place (shm_direct.hpp)
+// skip the slots: each rank copies every rank's block straight from its
+// input into its output, one copy per byte.
+//
 // Cost: 2 stages per chunk, chunks = block bytes / slot; per rank one block
-// read and the whole output written once.
+// read and the whole output written once. Direct: 3 hand-offs, one copy.
+#include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 
 namespace cclz::coll {
@@ -64,8 +69,33 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
 
 namespace {
 
+Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig& sig, const shm::PeerBuffers& pb) {
+  const int n = g.size(), me = g.rank();
+  const std::size_t block = a.count * a.elem_size();
+  auto* out = static_cast<std::byte*>(a.recvbuf);
+  auto out_copy = block * static_cast<std::size_t>(n) > kStreamBytes ? shm::copy_stream : shm::copy;
+  // Starting at the next rank spreads the readers over the owners.
+  for (int k = 1; k <= n; ++k) {
+    const int q = (me + k) % n;
+    std::byte* to = out + static_cast<std::size_t>(q) * block;
+    if (to != pb.send[static_cast<std::size_t>(q)]) out_copy(to, pb.send[static_cast<std::size_t>(q)], block);
+  }
+  return shm::fence(g, sig, "all_gather");
+}
+
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
+  const std::size_t out_bytes = a.count * a.elem_size() * static_cast<std::size_t>(g.size());
+  if (shm::try_direct(g, out_bytes)) {
+    const auto sig = shm::call_sig(g, a, a.count);
+    bool direct = false;
+    shm::PeerBuffers pb;
+    if (Status st = shm::agree_direct(g, sig, a.sendbuf, a.count * a.elem_size(), nullptr, 0, &direct, &pb);
+        !st.ok()) {
+      return st;
+    }
+    if (direct) return run_direct(g, a, sig, pb);
+  }
   const allreduce_impl::BlockLayout layout{a.count * static_cast<std::size_t>(g.size()), g.size()};
   return shm::all_gather(g, shm::call_sig(g, a, a.count), a.sendbuf, a.recvbuf, layout, a.elem_size());
 }

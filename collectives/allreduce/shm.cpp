@@ -18,9 +18,19 @@
 // being read a few microseconds after it was written. CPU work per rank:
 // (n-1)/n of the buffer staged, 1/n reduced, (n-1)/n copied out.
 //
-// Cost: 2 (one hand-off) or 3 stages per chunk, chunks = bytes / slot.
+// Large calls whose buffers every rank can read in place (shm_direct.hpp)
+// skip the slots: chunk by chunk, (0) each rank reduces its share straight
+// from the n inputs into its output, (1) copies the other shares from their
+// owners' outputs. The same kernel on the same operands in the same order:
+// bitwise the staged result. In place works: a rank overwrites a peer's
+// share of its buffer only after that peer has read it (stage 1 waits).
+// CPU work per rank: 1/n reduced, (n-1)/n copied, no staging.
+//
+// Cost: 2 (one hand-off) or 3 stages per chunk, chunks = bytes / slot;
+// direct: 2 stages per chunk of slots x slot bytes, plus 3 hand-offs.
 #include "allreduce/common.hpp"
 #include "allreduce/handoffs.hpp"
+#include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 
 #if defined(__x86_64__)
@@ -68,8 +78,52 @@ std::uint64_t ticks() {
 // not stay in the cache anyway, and the slots should.
 constexpr std::size_t kStreamBytes = 4 << 20;
 
+
+Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig& sig, const shm::PeerBuffers& pb) {
+  const int n = g.size(), me = g.rank();
+  const std::size_t es = a.elem_size(), unit = shm::line_elems(es) * static_cast<std::size_t>(n);
+  // A chunk as large as this rank's slot ring (4 MiB on 2 ranks by
+  // default): large enough that its hand-off is noise, small enough that a
+  // share is still in the cache when the peers copy it.
+  const std::size_t chunk_bytes = g.shm()->slot_bytes() * static_cast<std::size_t>(g.shm()->slots());
+  const std::size_t C = std::max(unit, chunk_bytes / es / unit * unit);
+  const std::size_t chunks = (a.count + C - 1) / C;
+  auto* dst = static_cast<std::byte*>(a.recvbuf);
+  auto out_copy = a.count * es > kStreamBytes ? shm::copy_stream : shm::copy;
+  std::vector<const void*> srcs(static_cast<std::size_t>(n));
+  auto body = [&](std::size_t c, std::uint64_t, int t) {
+    const std::size_t first = c * C, len = std::min(C, a.count - first);
+    const shm::Shares sh{len, shm::line_elems(es), n};
+    if (t == 0) {
+      const std::size_t off = sh.off(me), m = sh.size(me);
+      if (m == 0) return;
+      for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + (first + off) * es;
+      kernels::reduce_many(dst + (first + off) * es, srcs, m, a.dt, a.op);
+      return;
+    }
+    for (int q = 0; q < n; ++q) {
+      const std::size_t off = sh.off(q), m = sh.size(q);
+      if (q == me || m == 0) continue;
+      out_copy(dst + (first + off) * es, pb.recv[static_cast<std::size_t>(q)] + (first + off) * es, m * es);
+    }
+  };
+  if (Status st = shm::run_pipeline(g, sig, chunks, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce");
+      !st.ok()) {
+    return st;
+  }
+  return shm::fence(g, sig, "all_reduce");
+}
+
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
+  if (shm::try_direct(g, a.count * a.elem_size())) {
+    const std::size_t bytes = a.count * a.elem_size();
+    const auto sig = shm::call_sig(g, a, a.count);
+    bool direct = false;
+    shm::PeerBuffers pb;
+    if (Status st = shm::agree_direct(g, sig, a.sendbuf, bytes, a.recvbuf, bytes, &direct, &pb); !st.ok()) return st;
+    if (direct) return run_direct(g, a, sig, pb);
+  }
   detail::ShmWindow& w = *g.shm();
   const int n = g.size(), me = g.rank();
   const std::size_t es = a.elem_size(), bytes = a.count * es;

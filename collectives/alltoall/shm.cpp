@@ -5,8 +5,14 @@
 // addressed to it from every peer's slot into its output. In place works too: stage 1 of a
 // chunk overwrites only what stage 0 of that chunk has already copied.
 //
+// Large out-of-place calls whose buffers every rank can read in place
+// (shm_direct.hpp) skip the slots: each rank copies its block straight from
+// every peer's input into its output, one copy per byte. (In place, a rank
+// would overwrite blocks its peers have yet to read.)
+//
 // Cost: 2 stages per chunk, chunks = block bytes / (slot / n); per rank the
-// input read once and the output written once.
+// input read once and the output written once. Direct: 3 hand-offs, one copy.
+#include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 
 namespace cclz::coll {
@@ -14,8 +20,29 @@ namespace {
 
 constexpr std::size_t kStreamBytes = 4 << 20;
 
+Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig& sig, const shm::PeerBuffers& pb) {
+  const int n = g.size(), me = g.rank();
+  const std::size_t block = a.count * a.elem_size();
+  auto* out = static_cast<std::byte*>(a.recvbuf);
+  auto out_copy = block * static_cast<std::size_t>(n) > kStreamBytes ? shm::copy_stream : shm::copy;
+  for (int k = 1; k <= n; ++k) {
+    const int q = (me + k) % n;
+    out_copy(out + static_cast<std::size_t>(q) * block,
+             pb.send[static_cast<std::size_t>(q)] + static_cast<std::size_t>(me) * block, block);
+  }
+  return shm::fence(g, sig, "all_to_all");
+}
+
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
+  const std::size_t bytes = a.count * a.elem_size() * static_cast<std::size_t>(g.size());
+  if (a.sendbuf != a.recvbuf && shm::try_direct(g, bytes)) {
+    const auto sig = shm::call_sig(g, a, a.count);
+    bool direct = false;
+    shm::PeerBuffers pb;
+    if (Status st = shm::agree_direct(g, sig, a.sendbuf, bytes, nullptr, 0, &direct, &pb); !st.ok()) return st;
+    if (direct) return run_direct(g, a, sig, pb);
+  }
   detail::ShmWindow& w = *g.shm();
   const int n = g.size(), me = g.rank();
   const std::size_t es = a.elem_size(), unit = shm::line_elems(es);

@@ -10,6 +10,11 @@
 // Cost: 2 stages per chunk, chunks = block bytes / (slot / n); per rank the
 // input is read once ((n-1)/n of it staged) and the output written once,
 // the rest stays in the shared cache.
+//
+// Large calls whose buffers every rank can read in place (shm_direct.hpp)
+// skip the slots: each rank reduces its block straight from the n inputs,
+// in rank order, into its output (bitwise the staged result); 3 hand-offs.
+#include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 
 namespace cclz::coll {
@@ -53,8 +58,27 @@ Status shm::reduce_scatter(Group& g, const detail::ShmWindow::CallSig& sig, cons
 
 namespace {
 
+Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig& sig, const shm::PeerBuffers& pb) {
+  const int n = g.size(), me = g.rank();
+  const std::size_t block = a.count * a.elem_size();
+  std::vector<const void*> srcs(static_cast<std::size_t>(n));
+  for (int q = 0; q < n; ++q) {
+    srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + static_cast<std::size_t>(me) * block;
+  }
+  kernels::reduce_many(a.recvbuf, srcs, a.count, a.dt, a.op);
+  return shm::fence(g, sig, "reduce_scatter");
+}
+
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
+  const std::size_t in_bytes = a.count * a.elem_size() * static_cast<std::size_t>(g.size());
+  if (shm::try_direct(g, in_bytes)) {
+    const auto sig = shm::call_sig(g, a, a.count);
+    bool direct = false;
+    shm::PeerBuffers pb;
+    if (Status st = shm::agree_direct(g, sig, a.sendbuf, in_bytes, nullptr, 0, &direct, &pb); !st.ok()) return st;
+    if (direct) return run_direct(g, a, sig, pb);
+  }
   const allreduce_impl::BlockLayout layout{a.count * static_cast<std::size_t>(g.size()), g.size()};
   return shm::reduce_scatter(g, shm::call_sig(g, a, a.count), a.sendbuf, a.recvbuf, layout, a.dt, a.op);
 }

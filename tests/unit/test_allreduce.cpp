@@ -152,12 +152,13 @@ struct ShmSetup {
   std::size_t slot_bytes = 4096;
   int slots = 3;
   int allreduce_handoffs = 0;  // 0: measured (HandoffChooser), 1 or 2: fixed
+  std::uint64_t direct_min_bytes = detail::ShmWindow::kDirectOff;
 };
 
 std::unique_ptr<testing::ShmNodes> make_shm(const std::vector<int>& nodes, const ShmSetup* shm) {
   return shm == nullptr ? nullptr
                         : std::make_unique<testing::ShmNodes>(nodes, shm->slot_bytes, shm->slots,
-                                                              shm->allreduce_handoffs);
+                                                              shm->allreduce_handoffs, shm->direct_min_bytes);
 }
 
 // Runs on every rank right before each call (the rank's window, null without one).
@@ -199,6 +200,14 @@ void check_cases(const std::string& label, const std::vector<int>& nodes, const 
         ADD_FAILURE() << describe(label, n, c) << " rank " << rank << ": first wrong element " << i;
       }
       if (!c.in_place && send != send_copy) ADD_FAILURE() << describe(label, n, c) << ": sendbuf modified";
+    }
+    // With the direct path on, every call that reaches it must have run on
+    // it (thread ranks can always read one another's buffers): a silent
+    // fall back to the staged path would leave it untested.
+    if (window && shm->direct_min_bytes != detail::ShmWindow::kDirectOff && n == window->size()) {
+      std::uint64_t want = 0;
+      for (const Case& c : cases) want += c.count != 0 && c.count * dtype_size(c.dt) >= shm->direct_min_bytes;
+      EXPECT_EQ(window->direct_calls(), want) << label << " n=" << n << " rank " << rank;
     }
   });
 }
@@ -255,6 +264,17 @@ TEST(AllReduce, ShmEveryDtypeOpSizeAndCount) {
   check_flat("shm", &tiny);
   check_flat("shm", &standard);
   for (int n : {2, 3, 5}) check_cases("shm two slots", flat_nodes(n), large_cases(), by_descriptor("shm"), &two);
+}
+
+// The direct path (ranks reduce straight from one another's buffers) for
+// every call, and from 16 KiB: every dtype, op, count and group size, in
+// and out of place, with chunks of a few KiB (slot ring of 3 x 4 KiB) that
+// wrap the ring many times, and with the default geometry (one chunk).
+TEST(AllReduce, ShmDirectEveryDtypeOpSizeAndCount) {
+  const ShmSetup every{4096, 3, 0, 0}, from16k{4096, 2, 0, 16 << 10}, standard{256 << 10, 4, 0, 0};
+  check_flat("shm", &every);
+  check_flat("shm", &standard);
+  for (int n : {2, 3, 5}) check_cases("shm direct from 16K", flat_nodes(n), large_cases(), by_descriptor("shm"), &from16k);
 }
 
 // Calls up to 64 KiB per peer with the protocol fixed either way

@@ -35,9 +35,16 @@ Group make_group(detail::Transport& t, std::uint64_t seq, ScratchPool& pool) {
 }
 
 // Runs one case on n threads; returns a description of the first failure.
-std::string run_case(const AlgorithmDesc& d, const testing::CollCase& c, bool in_place) {
+// `direct_min_bytes`: the window's direct-path threshold (shm_direct.hpp);
+// with it on, a shm algorithm's call must have run direct (in-place
+// all-to-all excepted) or the case fails.
+std::string run_case(const AlgorithmDesc& d, const testing::CollCase& c, bool in_place,
+                     std::uint64_t direct_min_bytes = detail::ShmWindow::kDirectOff) {
   std::vector<std::string> errors(static_cast<std::size_t>(c.nranks));
-  const testing::ShmNodes shm(std::vector<int>(static_cast<std::size_t>(c.nranks), 0));
+  const testing::ShmNodes shm(std::vector<int>(static_cast<std::size_t>(c.nranks), 0), 4096, 3, 0,
+                              direct_min_bytes);
+  const bool want_direct = direct_min_bytes == 0 && std::string(d.name) == "shm" && c.count != 0 &&
+                           !(in_place && c.kind == CollKind::all_to_all);
   testing::run_ranks(c.nranks, [&](detail::Transport& t, int rank) {
     std::string& err = errors[static_cast<std::size_t>(rank)];
     const std::size_t es = dtype_size(c.dt);
@@ -95,6 +102,10 @@ std::string run_case(const AlgorithmDesc& d, const testing::CollCase& c, bool in
       if (wrong != 0) err = "rank " + std::to_string(rank) + ": " + std::to_string(wrong) + " wrong elements";
     }
     if (!in_place && send != send_copy) err = "rank " + std::to_string(rank) + ": sendbuf modified";
+    if (direct_min_bytes != detail::ShmWindow::kDirectOff && window->direct_calls() != (want_direct ? 1u : 0u)) {
+      err = "rank " + std::to_string(rank) + ": " + std::to_string(window->direct_calls()) +
+            " calls on the direct path, expected " + (want_direct ? "1" : "0");
+    }
   });
   for (const std::string& e : errors) {
     if (!e.empty()) return e;
@@ -102,7 +113,7 @@ std::string run_case(const AlgorithmDesc& d, const testing::CollCase& c, bool in
   return {};
 }
 
-void check_algorithm(const AlgorithmDesc& d) {
+void check_algorithm(const AlgorithmDesc& d, std::uint64_t direct_min_bytes = detail::ShmWindow::kDirectOff) {
   const testing::CollInfo& info = testing::coll_info(d.kind);
   int ran = 0, declined = 0;
   for (int n = 1; n <= 8; ++n) {
@@ -117,7 +128,7 @@ void check_algorithm(const AlgorithmDesc& d) {
             for (bool in_place : {false, true}) {
               if (in_place && !info.has_in_place) continue;
               testing::CollCase c{d.kind, dt, op, count, root, n};
-              const std::string e = run_case(d, c, in_place);
+              const std::string e = run_case(d, c, in_place, direct_min_bytes);
               if (e == "supports() declined") {
                 ++declined;
                 continue;
@@ -134,7 +145,7 @@ void check_algorithm(const AlgorithmDesc& d) {
     // One larger count per group size, f32 and bf16, sum.
     for (DataType dt : {DataType::f32, DataType::bf16}) {
       testing::CollCase c{d.kind, dt, ReduceOp::sum, (std::size_t{64} << 10) + 3, n > 1 ? n - 1 : 0, n};
-      const std::string e = run_case(d, c, false);
+      const std::string e = run_case(d, c, false, direct_min_bytes);
       if (e == "supports() declined") continue;
       ASSERT_TRUE(e.empty()) << d.name << " " << info.name << " n=" << n << " large: " << e;
     }
@@ -159,6 +170,17 @@ INSTANTIATE_TEST_SUITE_P(All, Collectives, ::testing::ValuesIn(non_allreduce_alg
                          [](const ::testing::TestParamInfo<const AlgorithmDesc*>& p) {
                            return std::string(coll::coll_name(p.param->kind)) + "_" + p.param->name;
                          });
+
+// The shm algorithms on their direct path (every rank reads the peers'
+// buffers in place), for every call: the same cases, and each call must
+// have gone direct (in-place all-to-all takes the staged path).
+TEST(ShmDirect, MatchTheReferenceEverywhere) {
+  for (CollKind kind : {CollKind::reduce_scatter, CollKind::all_gather, CollKind::all_to_all}) {
+    const AlgorithmDesc* d = coll::find_algorithm(kind, "shm");
+    ASSERT_NE(d, nullptr) << coll::coll_name(kind);
+    check_algorithm(*d, 0);
+  }
+}
 
 TEST(PowerOfTwoOnly, HalvingAndDoublingDeclineOtherSizes) {
   for (const char* name : {"halving", "doubling"}) {

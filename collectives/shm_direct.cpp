@@ -1,0 +1,207 @@
+#include "shm_direct.hpp"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "shm_alloc.hpp"
+
+namespace cclz::coll::shm {
+namespace {
+
+// What a rank writes into its slot about one of its buffers.
+struct BufDesc {
+  std::uint64_t addr = 0;       // in its own address space
+  std::uint64_t bytes = 0;      // 0: peers do not read this buffer
+  std::uint64_t id = 0;         // mem_alloc allocation id (0: none)
+  std::uint64_t offset = 0;     // within the allocation
+  std::uint64_t map_bytes = 0;  // the allocation's size
+  std::int32_t fd = -1;         // the allocation's memfd in the owner's process
+  std::int32_t pad = 0;
+};
+struct Descs {
+  BufDesc send, recv;
+};
+
+// This process's read-only mappings of the peers' buffers, per window
+// (ShmWindow::local_state), unmapped when the window goes. Bounded: the
+// least recently used mapping not needed by the current call goes first.
+class PeerMaps {
+ public:
+  static constexpr std::size_t kMaxMaps = 64;
+
+  PeerMaps() = default;
+  PeerMaps(const PeerMaps&) = delete;
+  PeerMaps& operator=(const PeerMaps&) = delete;
+  ~PeerMaps() {
+    for (auto& [key, m] : maps_) munmap(m.base, m.bytes);
+    for (auto& [r, fd] : pidfds_) close(fd);
+  }
+
+  // The base of local rank r's allocation `d`, mapped here; nullptr when it
+  // cannot be (*why says why).
+  const std::byte* map(int r, int pid, const BufDesc& d, std::uint64_t call, std::string* why) {
+    const std::pair<int, std::uint64_t> key{r, d.id};
+    if (auto it = maps_.find(key); it != maps_.end()) {
+      it->second.used = call;
+      return it->second.base;
+    }
+    evict(call);
+    int pidfd = -1;
+    if (auto it = pidfds_.find(r); it != pidfds_.end()) {
+      pidfd = it->second;
+    } else {
+      pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+      if (pidfd < 0) return fail(why, "pidfd_open");
+      pidfds_[r] = pidfd;
+    }
+    const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, d.fd, 0));
+    if (fd < 0) return fail(why, "pidfd_getfd");
+    struct stat sb {};
+    if (fstat(fd, &sb) != 0 || sb.st_size < 0 || static_cast<std::uint64_t>(sb.st_size) < d.map_bytes) {
+      close(fd);
+      *why = "the peer's buffer descriptor does not name its allocation";
+      return nullptr;
+    }
+    void* p = mmap(nullptr, d.map_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return fail(why, "mmap");
+    auto* base = static_cast<std::byte*>(p);
+    maps_[key] = {base, d.map_bytes, call};
+    return base;
+  }
+
+ private:
+  struct Map {
+    std::byte* base = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t used = 0;
+  };
+  static const std::byte* fail(std::string* why, const char* what) {
+    *why = std::string(what) + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  void evict(std::uint64_t call) {
+    while (maps_.size() >= kMaxMaps) {
+      auto oldest = maps_.end();
+      for (auto it = maps_.begin(); it != maps_.end(); ++it) {
+        if (it->second.used != call && (oldest == maps_.end() || it->second.used < oldest->second.used)) oldest = it;
+      }
+      if (oldest == maps_.end()) return;
+      munmap(oldest->second.base, oldest->second.bytes);
+      maps_.erase(oldest);
+    }
+  }
+
+  std::map<std::pair<int, std::uint64_t>, Map> maps_;
+  std::map<int, int> pidfds_;
+};
+
+// ShmWindow::local_state keeps copyable objects (std::any).
+struct PeerMapsHolder {
+  std::shared_ptr<PeerMaps> maps = std::make_shared<PeerMaps>();
+};
+
+BufDesc describe(const void* p, std::size_t bytes) {
+  BufDesc d;
+  d.addr = reinterpret_cast<std::uintptr_t>(p);
+  d.bytes = bytes;
+  detail::SharedRange r;
+  if (bytes != 0 && detail::find_shared_range(p, bytes, &r)) {
+    d.id = r.id;
+    d.offset = r.offset;
+    d.map_bytes = r.map_bytes;
+    d.fd = r.fd;
+  }
+  return d;
+}
+
+// Whether peers can read this buffer (the same answer on every rank).
+bool readable(const BufDesc& d, bool one_process) { return d.bytes == 0 || one_process || d.id != 0; }
+
+}  // namespace
+
+Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void* send, std::size_t send_bytes,
+                    const void* recv, std::size_t recv_bytes, bool* direct, PeerBuffers* out) {
+  detail::ShmWindow& w = *g.shm();
+  const int n = g.size(), me = g.rank();
+  *direct = false;
+  // Whether the ranks are threads of one process; known once every rank has
+  // attached, which a rank has before it publishes anything.
+  bool one_process = true;
+  std::vector<Descs> descs(static_cast<std::size_t>(n));
+  bool all_readable = true;
+  auto body = [&](std::size_t, std::uint64_t slot, int t) {
+    if (t == 0) {
+      const Descs mine{describe(send, send_bytes), describe(recv, recv_bytes)};
+      std::memcpy(w.slot(me, slot), &mine, sizeof mine);
+      return;
+    }
+    for (int r = 0; r < n; ++r) one_process = one_process && w.pid(r) == w.pid(me);
+    for (int r = 0; r < n; ++r) {
+      Descs& d = descs[static_cast<std::size_t>(r)];
+      std::memcpy(&d, w.slot(r, slot), sizeof d);
+      all_readable = all_readable && readable(d.send, one_process) && readable(d.recv, one_process);
+    }
+  };
+  if (Status st = run_pipeline(g, sig, 1, 2, body, [](int) { return Deps::all(); }, "direct-path agreement");
+      !st.ok()) {
+    return st;
+  }
+  if (!all_readable) return {};
+
+  out->send.assign(static_cast<std::size_t>(n), nullptr);
+  out->recv.assign(static_cast<std::size_t>(n), nullptr);
+  bool mapped = true;
+  std::string why;
+  PeerMaps& maps = *w.local_state<PeerMapsHolder>().maps;
+  for (int r = 0; r < n && mapped; ++r) {
+    const Descs& d = descs[static_cast<std::size_t>(r)];
+    for (auto [desc, view] : {std::pair{&d.send, &out->send}, std::pair{&d.recv, &out->recv}}) {
+      if (desc->bytes == 0 || !mapped) continue;
+      const std::byte* p = nullptr;
+      if (r == me || one_process) {
+        p = reinterpret_cast<const std::byte*>(desc->addr);
+      } else if (const std::byte* base = maps.map(r, w.pid(r), *desc, g.seq(), &why); base != nullptr) {
+        p = base + desc->offset;
+      }
+      (*view)[static_cast<std::size_t>(r)] = p;
+      mapped = p != nullptr;
+    }
+  }
+  if (one_process) {
+    *direct = true;  // nothing was mapped: every rank succeeded alike
+    w.count_direct();
+    return {};
+  }
+  // Whether every rank mapped everything: one more hand-off.
+  bool all_mapped = true;
+  auto agree = [&](std::size_t, std::uint64_t slot, int t) {
+    if (t == 0) {
+      *reinterpret_cast<volatile std::uint64_t*>(w.slot(me, slot)) = mapped ? 1 : 0;
+      return;
+    }
+    for (int r = 0; r < n; ++r) {
+      all_mapped = all_mapped && *reinterpret_cast<const volatile std::uint64_t*>(w.slot(r, slot)) == 1;
+    }
+  };
+  if (Status st = run_pipeline(g, sig, 1, 2, agree, [](int) { return Deps::all(); }, "direct-path agreement");
+      !st.ok()) {
+    return st;
+  }
+  *direct = all_mapped;
+  if (all_mapped) w.count_direct();
+  return {};
+}
+
+Status fence(Group& g, const detail::ShmWindow::CallSig& sig, const char* name) {
+  return run_pipeline(g, sig, 1, 2, [](std::size_t, std::uint64_t, int) {}, [](int) { return Deps::all(); }, name);
+}
+
+}  // namespace cclz::coll::shm

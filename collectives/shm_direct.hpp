@@ -1,0 +1,59 @@
+// The direct path of the node-local collectives: ranks read one another's
+// buffers in place, with no staging slot in between (single copy, as
+// NCCL's registered windows and MPI's cross-memory attach do, but with the
+// reduction fused into the read).
+//
+// A peer's buffer can be read when it is mapped here: ranks that are threads
+// of one process share their address space; processes map each other's
+// cclz::mem_alloc buffers (memfds, duplicated through pidfd_getfd and
+// cached). Whether a call goes direct is agreed per call, on one window
+// chunk (see ShmWindow):
+//   stage 0  every rank writes the descriptors of its send and receive
+//            buffers into its slot;
+//   stage 1  every rank reads them all. If any rank's buffer cannot be
+//            mapped (plain malloc memory, the path switched off) every rank
+//            sees it and the call takes the staged path: one hand-off spent.
+//            Otherwise each rank maps the peers' buffers (cache hits after
+//            the first call) and writes whether that worked; a second
+//            chunk's hand-off tells every rank whether all did.
+// The collective then runs on the peers' buffers and ends with fence(): a
+// rank returns only after every peer is done reading its buffers, since
+// the caller may reuse them at once.
+//
+// Cost: 2 hand-offs to agree and 1 to fence (a few microseconds), which is
+// why only calls of at least ShmWindow::direct_min_bytes try it; then each
+// byte is copied once (all-gather, all-to-all) or reduced once from the
+// owners' buffers and copied once (all-reduce), against two or three
+// passes through a slot on the staged path.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "shm_pipeline.hpp"
+
+namespace cclz::coll::shm {
+
+// The buffers of every rank of the window, as this rank can read them.
+struct PeerBuffers {
+  std::vector<const std::byte*> send, recv;  // indexed by local rank; this rank's own too
+};
+
+// Agrees, with every rank of the window, whether this call runs direct.
+// `send_bytes`/`recv_bytes` are this rank's buffer sizes. Sets *direct and,
+// when true, *out. Errors: only the window's (a peer failed or the call
+// disagrees), after which the communicator is poisoned as usual.
+Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void* send, std::size_t send_bytes,
+                    const void* recv, std::size_t recv_bytes, bool* direct, PeerBuffers* out);
+
+// Returns once every rank of the window has finished the direct call (so no
+// peer reads this rank's buffers any more).
+Status fence(Group& g, const detail::ShmWindow::CallSig& sig, const char* name);
+
+// Whether a call whose largest buffer is `bytes` tries the direct path
+// (the same answer on every rank of the window).
+inline bool try_direct(const Group& g, std::size_t bytes) {
+  return static_cast<std::uint64_t>(bytes) >= g.shm()->direct_min_bytes();
+}
+
+}  // namespace cclz::coll::shm
