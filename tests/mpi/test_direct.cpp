@@ -1,0 +1,254 @@
+// The node-local direct path on real processes: buffers from
+// cclz::mem_alloc, which the ranks of a node map from one another
+// (pidfd_getfd) and read in place (collectives/shm_direct.hpp).
+//
+// Each call is checked bitwise against the independent reference
+// (tests/support/coll_desc), with guard bytes around every buffer, the send
+// buffer of an out-of-place call untouched, and replicated results equal on
+// every rank. Whether the calls really took the direct path is checked too
+// (CommImpl::direct_calls): where the whole communicator shares one window,
+// every eligible call must have gone direct, unless the run says otherwise
+// (CCLZ_TEST_EXPECT_DIRECT=0, for runs that switch the path off); and when
+// one rank's buffers are plain heap memory, none may have.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "algorithm.hpp"
+#include "coll_desc.hpp"
+#include "comm_impl.hpp"
+#include "harness.hpp"
+
+namespace cclz::mpitest {
+namespace {
+
+using coll::CollKind;
+using testing::CollCase;
+
+// A buffer with guard bytes on both sides, from mem_alloc or the heap.
+class Buffer {
+ public:
+  static constexpr std::size_t kGuard = 64;
+  static constexpr unsigned char kGuardByte = 0xC3;
+
+  Buffer(std::size_t bytes, bool registered) : bytes_(bytes), registered_(registered) {
+    const std::size_t total = bytes + 2 * kGuard;
+    if (registered) {
+      void* p = nullptr;
+      const Status st = mem_alloc(&p, total);
+      if (!st.ok()) throw std::runtime_error(st.to_string());
+      mem_ = static_cast<std::byte*>(p);
+    } else {
+      heap_.resize(total);
+      mem_ = heap_.data();
+    }
+    std::memset(mem_, kGuardByte, total);
+    std::memset(data(), 0xA5, bytes);
+  }
+  ~Buffer() {
+    if (registered_) {
+      EXPECT_TRUE(mem_free(mem_).ok());
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  std::byte* data() { return mem_ + kGuard; }
+  bool guards_intact() const {
+    for (std::size_t i = 0; i < kGuard; ++i) {
+      if (mem_[i] != std::byte{kGuardByte} || mem_[kGuard + bytes_ + i] != std::byte{kGuardByte}) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::size_t bytes_;
+  bool registered_;
+  std::vector<std::byte> heap_;
+  std::byte* mem_ = nullptr;
+};
+
+Request issue(Comm& c, const CollCase& cc, const void* s, void* r, const CallOptions& o) {
+  switch (cc.kind) {
+    case CollKind::all_reduce: return c.all_reduce(s, r, cc.count, cc.dt, cc.op, o);
+    case CollKind::reduce_scatter: return c.reduce_scatter(s, r, cc.count, cc.dt, cc.op, o);
+    case CollKind::all_gather: return c.all_gather(s, r, cc.count, cc.dt, o);
+    case CollKind::all_to_all: return c.all_to_all(s, r, cc.count, cc.dt, o);
+    default: break;
+  }
+  return Request::failed({Result::internal_error, "test: collective without a direct path"});
+}
+
+// One call. Returns false when the collective failed (the communicator is
+// then unusable); an algorithm the communicator does not offer for the call
+// is skipped. *eligible: whether shm runs the call and its direct path
+// takes such calls when every rank's buffers can be mapped.
+bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const std::string& algo,
+             std::vector<std::uint64_t>* hashes, bool* eligible) {
+  const int rank = c.rank();
+  const std::size_t es = dtype_size(cc.dt);
+  const testing::BufferCounts bc = testing::buffer_counts(cc, rank);
+  std::string label = std::string(testing::coll_info(cc.kind).name) + " algo=" + (algo.empty() ? "default" : algo) +
+                      " " + dtype_name(cc.dt) + " count=" + std::to_string(cc.count) +
+                      (in_place ? " in-place" : " out-of-place") + (registered ? " mem_alloc" : " heap");
+  CallOptions opt;
+  opt.algorithm = algo;
+  std::string ran;
+  coll::CollArgs a;
+  a.kind = cc.kind;
+  a.count = cc.count;
+  a.dt = cc.dt;
+  a.op = cc.op;
+  if (!c.impl()->algorithm_for(a, opt, &ran, nullptr).ok()) {
+    if (!algo.empty()) return true;  // not offered here (one rank, several nodes): nothing to test
+    ran.clear();
+  }
+  *eligible = ran == "shm" && cc.count != 0 && !(in_place && cc.kind == CollKind::all_to_all);
+
+  Status st;
+  std::size_t wrong = 0;
+  bool guards = true, untouched = true;
+  std::uint64_t hash = 0;
+  if (!in_place) {
+    Buffer send(bc.send * es, registered), recv(bc.recv * es, registered);
+    testing::fill_input(cc, rank, send.data());
+    const std::uint64_t before = fnv1a(send.data(), bc.send * es);
+    st = issue(c, cc, send.data(), recv.data(), opt).wait();
+    if (st.ok()) {
+      wrong = testing::check_output(cc, rank, recv.data());
+      guards = send.guards_intact() && recv.guards_intact();
+      untouched = fnv1a(send.data(), bc.send * es) == before;
+      hash = fnv1a(recv.data(), bc.recv * es);
+    }
+  } else {
+    const testing::InPlaceLayout lay = testing::in_place_layout(cc, rank);
+    Buffer buf(lay.buffer_count * es, registered);
+    testing::fill_input(cc, rank, buf.data() + lay.send_offset * es);
+    st = issue(c, cc, buf.data() + lay.send_offset * es, buf.data() + lay.recv_offset * es, opt).wait();
+    if (st.ok()) {
+      wrong = testing::check_output(cc, rank, buf.data() + lay.recv_offset * es);
+      guards = buf.guards_intact();
+      hash = fnv1a(buf.data() + lay.recv_offset * es, bc.recv * es);
+    }
+  }
+  if (!st.ok()) {
+    ADD_FAILURE() << rank_tag() << ": " << label << " returned " << st.to_string();
+    return false;
+  }
+  EXPECT_EQ(wrong, 0u) << rank_tag() << ": " << label << ": elements differ bitwise from the reference";
+  EXPECT_TRUE(guards) << rank_tag() << ": " << label << ": wrote outside its buffers";
+  EXPECT_TRUE(untouched) << rank_tag() << ": " << label << ": modified the send buffer";
+  if (cc.kind == CollKind::all_reduce || cc.kind == CollKind::all_gather) hashes->push_back(hash);
+  return true;
+}
+
+void expect_same_everywhere(const std::vector<std::uint64_t>& hashes) {
+  std::uint64_t h = 0;
+  for (std::uint64_t x : hashes) h = fnv1a(&x, sizeof x, h);
+  for (std::uint64_t other : allgather_u64(h)) {
+    EXPECT_EQ(other, h) << rank_tag() << ": a replicated result differs between ranks";
+  }
+}
+
+// Whether this run expects eligible calls to go direct: one window holds
+// the whole communicator (one node, several ranks) and the run does not
+// switch the path off.
+bool direct_expected(Comm& c) {
+  return c.num_nodes() == 1 && c.size() > 1 && env_int("CCLZ_TEST_EXPECT_DIRECT", 1) == 1;
+}
+
+constexpr CollKind kKinds[] = {CollKind::all_reduce, CollKind::reduce_scatter, CollKind::all_gather,
+                               CollKind::all_to_all};
+
+// mem_alloc buffers on every rank: calls from just above the 256 KiB
+// threshold to past the 4 MB streaming one, several dtypes and ops, odd
+// counts, in and out of place, the shm algorithm and the tuned default.
+TEST(Direct, RegisteredBuffersBitExact) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  struct Shape {
+    DataType dt;
+    ReduceOp op;
+    std::size_t bytes;
+  };
+  const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 300u << 10}, {DataType::bf16, ReduceOp::sum, 1u << 20},
+                          {DataType::i32, ReduceOp::max, 2u << 20},   {DataType::f16, ReduceOp::prod, 700u << 10},
+                          {DataType::u8, ReduceOp::min, 600u << 10},  {DataType::f64, ReduceOp::sum, 5u << 20}};
+  std::vector<std::uint64_t> hashes;
+  std::uint64_t eligible_calls = 0;
+  const std::uint64_t before = c->impl()->direct_calls();
+  for (CollKind kind : kKinds) {
+    const testing::CollInfo& info = testing::coll_info(kind);
+    for (const std::string algo : {"", "shm"}) {
+      for (const Shape& s : shapes) {
+        const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
+        for (bool in_place : {false, true}) {
+          if (in_place && !info.has_in_place) continue;
+          CollCase cc{kind, s.dt, info.reduces ? s.op : ReduceOp::sum, count, 0, n};
+          bool eligible = false;
+          ASSERT_TRUE(run_one(*c, cc, in_place, true, algo, &hashes, &eligible));
+          eligible_calls += eligible;
+        }
+      }
+    }
+  }
+  expect_same_everywhere(hashes);
+  const std::uint64_t direct = c->impl()->direct_calls() - before;
+  if (direct_expected(*c)) {
+    EXPECT_GT(eligible_calls, 0u) << rank_tag() << ": no call reached the shm algorithm";
+    EXPECT_EQ(direct, eligible_calls) << rank_tag() << ": calls that should have read the peers' buffers in place";
+  } else {
+    EXPECT_EQ(direct, 0u) << rank_tag() << ": the direct path ran where it should not";
+  }
+}
+
+// Rank 0's buffers are heap memory, the others' mem_alloc: no rank can read
+// rank 0's buffers, so every rank must take the staged path, exactly.
+TEST(Direct, OneHeapRankSendsEveryoneStaged) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  std::vector<std::uint64_t> hashes;
+  const std::uint64_t before = c->impl()->direct_calls();
+  for (CollKind kind : kKinds) {
+    const std::size_t count = testing::count_for_bytes(kind, 1u << 20, DataType::f32, n) | 1;
+    CollCase cc{kind, DataType::f32, ReduceOp::sum, count, 0, n};
+    bool eligible = false;
+    ASSERT_TRUE(run_one(*c, cc, false, c->rank() != 0, "", &hashes, &eligible));
+  }
+  expect_same_everywhere(hashes);
+  EXPECT_EQ(c->impl()->direct_calls(), before) << rank_tag() << ": went direct although rank 0's buffers are heap";
+}
+
+// More buffers than a rank keeps peers' mappings of (64): each call's
+// buffers are new allocations, freed afterwards, so mappings are made,
+// evicted and never confused with a freed buffer's.
+TEST(Direct, ManyShortLivedBuffers) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  std::vector<std::uint64_t> hashes;
+  std::uint64_t eligible_calls = 0;
+  const std::uint64_t before = c->impl()->direct_calls();
+  for (int i = 0; i < 80; ++i) {
+    const CollKind kind = i % 2 == 0 ? CollKind::all_reduce : CollKind::all_gather;
+    const std::size_t count = testing::count_for_bytes(kind, (256u << 10) + 4096u * static_cast<unsigned>(i),
+                                                       DataType::f32, n) | 1;
+    CollCase cc{kind, DataType::f32, ReduceOp::sum, count, 0, n};
+    bool eligible = false;
+    ASSERT_TRUE(run_one(*c, cc, false, true, "", &hashes, &eligible));
+    eligible_calls += eligible;
+  }
+  expect_same_everywhere(hashes);
+  const std::uint64_t direct = c->impl()->direct_calls() - before;
+  if (direct_expected(*c)) {
+    EXPECT_EQ(direct, eligible_calls) << rank_tag();
+  }
+}
+
+}  // namespace
+}  // namespace cclz::mpitest
