@@ -985,12 +985,9 @@ CCLZ_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
     if (real.mem_alloc == nullptr) return real_missing("ncclMemAlloc");
     return real_result(real.mem_alloc(ptr, size));
   }
-  if (size == 0) return ncclSuccess;
-  void* p = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
-  if (p == nullptr) return fail(ncclSystemError, "cannot allocate " + std::to_string(size) + " bytes");
-  std::memset(p, 0, size);
-  *ptr = p;
-  return ncclSuccess;
+  // Host memory that the node's ranks read from one another in place, as
+  // NCCL's own ncclMemAlloc buffers serve its registered paths.
+  return from_status(cclz::mem_alloc(ptr, size));
 }
 
 CCLZ_EXPORT ncclResult_t ncclMemFree(void* ptr) {
@@ -998,8 +995,7 @@ CCLZ_EXPORT ncclResult_t ncclMemFree(void* ptr) {
     if (real_nccl().mem_free == nullptr) return real_missing("ncclMemFree");
     return real_result(real_nccl().mem_free(ptr));
   }
-  std::free(ptr);
-  return ncclSuccess;
+  return from_status(cclz::mem_free(ptr));
 }
 
 // Registration is a hint in NCCL; cclz needs none for host buffers, so the
