@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,18 +40,35 @@ using testing::CollKind;
 
 constexpr double kGB = 1e9;
 
-// 64-byte aligned, zero-length-safe byte buffer.
+// 64-byte aligned, zero-length-safe byte buffer: heap memory, or with -R 1
+// cclz::mem_alloc memory (page aligned).
+struct BufferFree {
+  bool registered = false;
+  void operator()(std::byte* p) const {
+    if (registered) {
+      (void)mem_free(p);
+    } else {
+      ::operator delete[](p, std::align_val_t{64});
+    }
+  }
+};
 struct Buffer {
-  struct Free {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
-  };
+  using Free = BufferFree;
   std::unique_ptr<std::byte[], Free> mem;
   std::size_t bytes = 0;
+  bool registered = false;
 
   void reserve(std::size_t want) {
     if (want <= bytes && mem) return;
     want = std::max<std::size_t>(want, 64);
-    mem.reset(new (std::align_val_t{64}) std::byte[want]);
+    mem.reset();
+    if (registered) {
+      void* p = nullptr;
+      if (Status st = mem_alloc(&p, want); !st.ok()) throw std::runtime_error(st.to_string());
+      mem = std::unique_ptr<std::byte[], Free>(static_cast<std::byte*>(p), Free{true});
+    } else {
+      mem = std::unique_ptr<std::byte[], Free>(new (std::align_val_t{64}) std::byte[want], Free{false});
+    }
     std::memset(mem.get(), 0, want);  // fault the pages in outside any timing
     bytes = want;
   }
@@ -424,6 +442,7 @@ int run(int argc, char** argv) {
     info.algorithm = "tuner";
   }
   info.mpi = o.mpi_baseline;
+  info.registered = o.register_buffers;
   info.roof = o.kind == CollKind::all_reduce && info.nodes == 1;
   info.copiers_n = std::max(1, std::min(info.local_ranks, info.cores));
 
@@ -452,6 +471,7 @@ int run(int argc, char** argv) {
   std::vector<Row> rows;
   bool ok = true;
   Buffers buffers;
+  for (Buffer* b : {&buffers.send, &buffers.recv, &buffers.inplace}) b->registered = o.register_buffers;
   if (!o.compressors.empty()) {
     // --compressor: the compressed all-reduce beside the dense one, instead of the table.
     algorithms.clear();

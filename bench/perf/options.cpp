@@ -73,6 +73,10 @@ Options (as nccl-tests unless marked cclz):
                           against the tuner's default. Default: the tuner's
                           choice.
                           (nccl-tests' -a is averaging mode, hence -A.)
+  -R, --register 0|1      buffers from cclz::mem_alloc, which the ranks of a
+                          node read from one another in place (large calls
+                          then copy each byte once); MPI gets the same
+                          buffers (default 0: plain heap memory)
       --json FILE         cclz: also write every row as JSON (rank 0)
       --csv FILE          cclz: also write every row as CSV (rank 0)
       --no-mpi            cclz: skip the MPI baseline columns
@@ -151,6 +155,11 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
     } else if (name == "-w" || name == "--warmup_iters") {
       if (!take(&v)) return false;
       if (!parse_int(v, 0, 1 << 30, &o.warmup)) return *error = "bad warm-up count: " + v, false;
+    } else if (name == "-R" || name == "--register") {
+      if (!take(&v)) return false;
+      int r = 0;
+      if (!parse_int(v, 0, 1, &r)) return *error = "bad value for -R (0 or 1): " + v, false;
+      o.register_buffers = r != 0;
     } else if (name == "-c" || name == "--check") {
       if (!take(&v)) return false;
       int c = 0;

@@ -28,6 +28,9 @@ struct Options {
   std::string json_path;
   std::string csv_path;
   bool mpi_baseline = true;
+  // -R 1: buffers from cclz::mem_alloc, which node-local peers read in place
+  // (nccl-tests' -R registers buffers the same way); MPI uses them too.
+  bool register_buffers = false;
   // --compressor SPEC (repeatable): time the compressed all-reduce instead
   // of the dense table (bench/perf/compressed.cpp); --requant picks the
   // re-quantizable scheme.

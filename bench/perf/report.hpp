@@ -58,6 +58,7 @@ struct RunInfo {
   std::size_t copy_bytes = 0; // per copier, single-copier run
   std::size_t llc_bytes = 0;  // last-level cache size (0 if unknown)
   bool mpi = true;
+  bool registered = false;    // -R 1: buffers from cclz::mem_alloc
   bool roof = false;          // roofline column printed (all_reduce on one host)
 };
 
