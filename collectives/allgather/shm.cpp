@@ -74,11 +74,19 @@ Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig&
   const std::size_t block = a.count * a.elem_size();
   auto* out = static_cast<std::byte*>(a.recvbuf);
   auto out_copy = block * static_cast<std::size_t>(n) > kStreamBytes ? shm::copy_stream : shm::copy;
-  // Starting at the next rank spreads the readers over the owners.
-  for (int k = 1; k <= n; ++k) {
-    const int q = (me + k) % n;
-    std::byte* to = out + static_cast<std::size_t>(q) * block;
-    if (to != pb.send[static_cast<std::size_t>(q)]) out_copy(to, pb.send[static_cast<std::size_t>(q)], block);
+  // The ranks go through the blocks piece by piece (a slot's worth) at
+  // about the same pace, each copying its own block's piece first: the
+  // peers copy that piece a moment later and find it in the shared cache,
+  // so each input byte is read from memory about once.
+  const std::size_t piece = g.shm()->slot_bytes();
+  for (std::size_t first = 0; first < block; first += piece) {
+    const std::size_t len = std::min(piece, block - first);
+    for (int k = 0; k < n; ++k) {
+      const int q = (me + k) % n;
+      std::byte* to = out + static_cast<std::size_t>(q) * block + first;
+      const std::byte* from = pb.send[static_cast<std::size_t>(q)] + first;
+      if (to != from) out_copy(to, from, len);
+    }
   }
   return shm::fence(g, sig, "all_gather");
 }
