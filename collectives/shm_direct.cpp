@@ -45,8 +45,10 @@ class PeerMaps {
   }
 
   // The base of local rank r's allocation `d`, mapped here; nullptr when it
-  // cannot be (*why says why).
-  const std::byte* map(int r, int pid, const BufDesc& d, std::uint64_t call, std::string* why) {
+  // cannot be (no pidfd support, no permission to take the peer's
+  // descriptor, or a descriptor that does not match): the call then goes
+  // staged on every rank.
+  const std::byte* map(int r, int pid, const BufDesc& d, std::uint64_t call) {
     const std::pair<int, std::uint64_t> key{r, d.id};
     if (auto it = maps_.find(key); it != maps_.end()) {
       it->second.used = call;
@@ -58,20 +60,19 @@ class PeerMaps {
       pidfd = it->second;
     } else {
       pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-      if (pidfd < 0) return fail(why, "pidfd_open");
+      if (pidfd < 0) return nullptr;
       pidfds_[r] = pidfd;
     }
     const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, d.fd, 0));
-    if (fd < 0) return fail(why, "pidfd_getfd");
+    if (fd < 0) return nullptr;
     struct stat sb {};
     if (fstat(fd, &sb) != 0 || sb.st_size < 0 || static_cast<std::uint64_t>(sb.st_size) < d.map_bytes) {
       close(fd);
-      *why = "the peer's buffer descriptor does not name its allocation";
       return nullptr;
     }
     void* p = mmap(nullptr, d.map_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) return fail(why, "mmap");
+    if (p == MAP_FAILED) return nullptr;
     auto* base = static_cast<std::byte*>(p);
     maps_[key] = {base, d.map_bytes, call};
     return base;
@@ -83,10 +84,6 @@ class PeerMaps {
     std::size_t bytes = 0;
     std::uint64_t used = 0;
   };
-  static const std::byte* fail(std::string* why, const char* what) {
-    *why = std::string(what) + ": " + std::strerror(errno);
-    return nullptr;
-  }
   void evict(std::uint64_t call) {
     while (maps_.size() >= kMaxMaps) {
       auto oldest = maps_.end();
@@ -159,7 +156,6 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
   out->send.assign(static_cast<std::size_t>(n), nullptr);
   out->recv.assign(static_cast<std::size_t>(n), nullptr);
   bool mapped = true;
-  std::string why;
   PeerMaps& maps = *w.local_state<PeerMapsHolder>().maps;
   for (int r = 0; r < n && mapped; ++r) {
     const Descs& d = descs[static_cast<std::size_t>(r)];
@@ -168,7 +164,7 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
       const std::byte* p = nullptr;
       if (r == me || one_process) {
         p = reinterpret_cast<const std::byte*>(desc->addr);
-      } else if (const std::byte* base = maps.map(r, w.pid(r), *desc, g.seq(), &why); base != nullptr) {
+      } else if (const std::byte* base = maps.map(r, w.pid(r), *desc, g.seq()); base != nullptr) {
         p = base + desc->offset;
       }
       (*view)[static_cast<std::size_t>(r)] = p;
