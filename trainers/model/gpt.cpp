@@ -67,7 +67,6 @@ Status Gpt::allocate() {
   const std::size_t n_scratch = BT * C * 3 + BT * 3 * C + BT * H * 2 + T * T + BT * V;
   try {
     params_.assign(table_.total, 0.0f);
-    grads_.assign(table_.total, 0.0f);
     acts_.assign(n_acts, 0.0f);
     scratch_.assign(n_scratch, 0.0f);
     tokens_.assign(2 * BT, 0);
@@ -76,6 +75,9 @@ Status Gpt::allocate() {
     return {Result::system_error,
             "gpt: out of memory allocating " + std::to_string((2 * table_.total + n_acts + n_scratch) * 4 >> 20) +
                 " MiB for " + describe(cfg_) + " batch " + std::to_string(max_batch_)};
+  }
+  if (Status st = grads_.allocate(table_.total); !st.ok()) {
+    return {st.code(), "gpt: gradients of " + describe(cfg_) + ": " + st.message()};
   }
 
   float* a = acts_.data();
@@ -129,7 +131,7 @@ void Gpt::init(std::uint64_t seed) {
   have_targets_ = false;
 }
 
-void Gpt::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void Gpt::zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), 0.0f); }
 
 Status Gpt::forward(const int* inputs, const int* targets, int B, int T, float* loss) {
   if (B < 1 || B > max_batch_)

@@ -24,6 +24,7 @@
 #include <memory>
 #include <vector>
 
+#include "cclz/cclz.hpp"
 #include "cclz/types.hpp"
 #include "model/config.hpp"
 #include "model/params.hpp"
@@ -33,6 +34,32 @@ namespace cclz::train {
 // Called during backward when the gradients of a parameter group (see
 // params.hpp) are final: group L+1 first, then L, ..., 0.
 using GroupReadyFn = std::function<void(int group)>;
+
+// Zeroed floats from cclz::mem_alloc: the gradients, which the
+// data-parallel trainer all-reduces in place, so that the ranks of a node
+// read one another's buckets directly instead of staging them.
+class SharedFloats {
+ public:
+  SharedFloats() = default;
+  ~SharedFloats() { (void)mem_free(p_); }
+  SharedFloats(const SharedFloats&) = delete;
+  SharedFloats& operator=(const SharedFloats&) = delete;
+  Status allocate(std::size_t n) {
+    void* p = nullptr;
+    if (Status st = mem_alloc(&p, n * sizeof(float)); !st.ok()) return st;
+    (void)mem_free(p_);
+    p_ = static_cast<float*>(p);
+    n_ = n;
+    return {};
+  }
+  float* data() noexcept { return p_; }
+  const float* data() const noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+
+ private:
+  float* p_ = nullptr;
+  std::size_t n_ = 0;
+};
 
 class Gpt {
  public:
@@ -89,7 +116,7 @@ class Gpt {
   int wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;
 
   std::vector<float> params_;
-  std::vector<float> grads_;
+  SharedFloats grads_;
   std::vector<float> acts_;     // forward activations
   std::vector<float> scratch_;  // backward scratch
   std::vector<int> tokens_;     // inputs then targets of the last forward, (B,T) each
