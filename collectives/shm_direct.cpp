@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -119,38 +120,54 @@ BufDesc describe(const void* p, std::size_t bytes) {
   return d;
 }
 
-// Whether peers can read this buffer (the same answer on every rank).
-bool readable(const BufDesc& d, bool one_process) { return d.bytes == 0 || one_process || d.id != 0; }
-
 }  // namespace
 
 Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void* send, std::size_t send_bytes,
                     const void* recv, std::size_t recv_bytes, bool* direct, PeerBuffers* out) {
   detail::ShmWindow& w = *g.shm();
+  constexpr auto K = static_cast<std::uint64_t>(detail::ShmWindow::kStages);
   const int n = g.size(), me = g.rank();
+  const std::function<void()> idle = [&g] { g.progress_transport(); };
   *direct = false;
-  // Whether the ranks are threads of one process; known once every rank has
-  // attached, which a rank has before it publishes anything.
-  bool one_process = true;
+  // Whether the peers can read this rank's buffers: every buffer of a
+  // thread rank, only mem_alloc memory of a process.
+  const Descs mine{describe(send, send_bytes), describe(recv, recv_bytes)};
+  auto readable = [&](const BufDesc& d) { return d.bytes == 0 || w.one_process() || d.id != 0; };
+  const std::uint64_t mine_readable = readable(mine.send) && readable(mine.recv) ? 1 : 0;
+
+  // One chunk: descriptors and the readable bit into this rank's slot,
+  // stage 1 published. A rank whose own buffers cannot be read knows the
+  // answer (staged) and does not wait: it publishes the chunk as done at
+  // once, which also satisfies the others' wait, so heap buffers cost no
+  // hand-off. The others wait, read every rank's bit and decide alike.
+  const std::uint64_t G = w.next_chunk();
+  const auto slots = static_cast<std::uint64_t>(w.slots());
+  if (G >= slots) {
+    if (Status st = w.wait({}, K * (G - slots + 1), g.deadline(), idle, "direct-path agreement"); !st.ok()) return st;
+  }
+  w.set_call_sig(G, sig);
+  std::byte* slot = w.slot(me, G);
+  std::memcpy(slot, &mine, sizeof mine);
+  std::memcpy(slot + sizeof mine, &mine_readable, sizeof mine_readable);
+  w.advance(1);
+  if (mine_readable == 0) {
+    w.publish(K * (G + 1));
+    return {};
+  }
+  w.publish(K * G + 1);
+  if (Status st = w.wait({}, K * G + 1, g.deadline(), idle, "direct-path agreement"); !st.ok()) return st;
   std::vector<Descs> descs(static_cast<std::size_t>(n));
   bool all_readable = true;
-  auto body = [&](std::size_t, std::uint64_t slot, int t) {
-    if (t == 0) {
-      const Descs mine{describe(send, send_bytes), describe(recv, recv_bytes)};
-      std::memcpy(w.slot(me, slot), &mine, sizeof mine);
-      return;
+  for (int r = 0; r < n; ++r) {
+    if (r != me) {
+      if (const auto theirs = w.call_sig(r, G); !(theirs == sig)) return sig_mismatch(g, r, sig, theirs);
     }
-    for (int r = 0; r < n; ++r) one_process = one_process && w.pid(r) == w.pid(me);
-    for (int r = 0; r < n; ++r) {
-      Descs& d = descs[static_cast<std::size_t>(r)];
-      std::memcpy(&d, w.slot(r, slot), sizeof d);
-      all_readable = all_readable && readable(d.send, one_process) && readable(d.recv, one_process);
-    }
-  };
-  if (Status st = run_pipeline(g, sig, 1, 2, body, [](int) { return Deps::all(); }, "direct-path agreement");
-      !st.ok()) {
-    return st;
+    std::uint64_t bit = 0;
+    std::memcpy(&descs[static_cast<std::size_t>(r)], w.slot(r, G), sizeof(Descs));
+    std::memcpy(&bit, w.slot(r, G) + sizeof(Descs), sizeof bit);
+    all_readable = all_readable && bit == 1;
   }
+  w.publish(K * (G + 1));
   if (!all_readable) return {};
 
   out->send.assign(static_cast<std::size_t>(n), nullptr);
@@ -162,7 +179,7 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
     for (auto [desc, view] : {std::pair{&d.send, &out->send}, std::pair{&d.recv, &out->recv}}) {
       if (desc->bytes == 0 || !mapped) continue;
       const std::byte* p = nullptr;
-      if (r == me || one_process) {
+      if (r == me || w.one_process()) {
         p = reinterpret_cast<const std::byte*>(desc->addr);
       } else if (const std::byte* base = maps.map(r, w.pid(r), *desc, g.seq()); base != nullptr) {
         p = base + desc->offset;
@@ -171,20 +188,20 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
       mapped = p != nullptr;
     }
   }
-  if (one_process) {
+  if (w.one_process()) {
     *direct = true;  // nothing was mapped: every rank succeeded alike
     w.count_direct();
     return {};
   }
   // Whether every rank mapped everything: one more hand-off.
   bool all_mapped = true;
-  auto agree = [&](std::size_t, std::uint64_t slot, int t) {
+  auto agree = [&](std::size_t, std::uint64_t s, int t) {
     if (t == 0) {
-      *reinterpret_cast<volatile std::uint64_t*>(w.slot(me, slot)) = mapped ? 1 : 0;
+      *reinterpret_cast<volatile std::uint64_t*>(w.slot(me, s)) = mapped ? 1 : 0;
       return;
     }
     for (int r = 0; r < n; ++r) {
-      all_mapped = all_mapped && *reinterpret_cast<const volatile std::uint64_t*>(w.slot(r, slot)) == 1;
+      all_mapped = all_mapped && *reinterpret_cast<const volatile std::uint64_t*>(w.slot(r, s)) == 1;
     }
   };
   if (Status st = run_pipeline(g, sig, 1, 2, agree, [](int) { return Deps::all(); }, "direct-path agreement");

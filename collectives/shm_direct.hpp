@@ -7,21 +7,22 @@
 // of one process share their address space; processes map each other's
 // cclz::mem_alloc buffers (memfds, duplicated through pidfd_getfd and
 // cached). Whether a call goes direct is agreed per call, on one window
-// chunk (see ShmWindow):
-//   stage 0  every rank writes the descriptors of its send and receive
-//            buffers into its slot;
-//   stage 1  every rank reads them all. If any rank's buffer cannot be
-//            mapped (plain malloc memory, the path switched off) every rank
-//            sees it and the call takes the staged path: one hand-off spent.
-//            Otherwise each rank maps the peers' buffers (cache hits after
-//            the first call) and writes whether that worked; a second
-//            chunk's hand-off tells every rank whether all did.
+// chunk (see ShmWindow): every rank writes the descriptors of its send and
+// receive buffers and whether its peers can read them into its slot.
+//   - A rank whose own buffers cannot be read (heap memory of a process)
+//     knows the answer, staged: it marks the chunk done at once and goes
+//     on. With heap buffers everywhere the agreement costs no hand-off.
+//   - The others wait for every rank's mark and read every rank's bit;
+//     all of them decide alike. If all can be read, each maps the peers'
+//     buffers (cache hits after the first call) and, between processes, a
+//     second chunk's hand-off tells every rank whether all mappings worked.
 // The collective then runs on the peers' buffers and ends with fence(): a
 // rank returns only after every peer is done reading its buffers, since
 // the caller may reuse them at once.
 //
-// Cost: 2 hand-offs to agree and 1 to fence (a few microseconds), which is
-// why only calls of at least ShmWindow::direct_min_bytes try it; then each
+// Cost: staged calls of heap buffers about a microsecond (a published
+// chunk); direct calls 2 hand-offs to agree and 1 to fence, which is why
+// only calls of at least ShmWindow::direct_min_bytes try it; then each
 // byte is copied once (all-gather, all-to-all) or reduced once from the
 // owners' buffers and copied once (all-reduce), against two or three
 // passes through a slot on the staged path.

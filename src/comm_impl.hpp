@@ -208,6 +208,12 @@ struct CommImpl {
     const ShmWindow* w = tune_group_ ? tune_group_->shm() : nullptr;
     return w != nullptr ? w->direct_calls() : 0;
   }
+  // From how many bytes (largest buffer) calls try that path, as the
+  // node's first rank set it; ShmWindow::kDirectOff without a window.
+  std::uint64_t direct_min_bytes() const noexcept {
+    const ShmWindow* w = tune_group_ ? tune_group_->shm() : nullptr;
+    return w != nullptr ? w->direct_min_bytes() : ShmWindow::kDirectOff;
+  }
   const std::vector<RankInfo>& rank_infos() const noexcept { return ranks_; }
 
   int rank_ = 0;

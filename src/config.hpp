@@ -17,7 +17,7 @@
 //   CCLZ_SHM_DIRECT_KB=<KiB>|off  node-local calls whose largest buffer is at
 //                             least this large copy straight between the ranks'
 //                             buffers when every rank's are mapped (mem_alloc;
-//                             default 256; the node's first rank's setting applies)
+//                             default 1024; the node's first rank's setting applies)
 //   CCLZ_SPIN_US, CCLZ_YIELD_US, CCLZ_POLL_MS  checked here, applied by the
 //                             UCX transport (UcxWaitPolicy::from_env)
 //   (CCLZ_NODE_ID is read by the bootstrap into RankInfo::node_override.)
@@ -54,7 +54,7 @@ struct Config {
   std::size_t shm_slot_bytes = 0;  // CCLZ_SHM_SLOT_KB; 0 = chosen per node (default_slot_bytes)
   int shm_slots = 4;
   int shm_allreduce_handoffs = 0;  // CCLZ_SHM_ALLREDUCE_HANDOFFS; 0 = auto
-  std::uint64_t shm_direct_min_bytes = std::uint64_t{256} << 10;  // CCLZ_SHM_DIRECT_KB; ~0 = off
+  std::uint64_t shm_direct_min_bytes = std::uint64_t{1024} << 10;  // CCLZ_SHM_DIRECT_KB; ~0 = off
 
   // The deadline of an operation that starts now.
   Clock::time_point deadline_from_now() const noexcept;

@@ -100,7 +100,10 @@ void cpu_relax() {
 
 class ShmSegment {
  public:
-  ShmSegment(std::byte* base, std::size_t bytes) : base_(base), bytes_(bytes) {}
+  ShmSegment(std::byte* base, std::size_t bytes, bool one_process = false)
+      : base_(base), bytes_(bytes), one_process_(one_process) {}
+  // An anonymous mapping: every rank on it is a thread of this process.
+  bool one_process() const noexcept { return one_process_; }
   ~ShmSegment() { munmap(base_, bytes_); }
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
@@ -163,6 +166,7 @@ class ShmSegment {
  private:
   std::byte* base_;
   std::size_t bytes_;
+  bool one_process_;
   std::size_t ctl_off_ = 0, sig_off_ = 0, want_off_ = 0, data_off_ = 0;
 };
 
@@ -249,7 +253,7 @@ Status ShmWindow::create_anonymous(const Geometry& g, std::shared_ptr<ShmSegment
   const std::size_t total = offsets(g).total;
   void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return errno_status("mmap of " + std::to_string(total) + " bytes");
-  auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), total);
+  auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), total, true);
   seg->init(g, total);
   *out = std::move(seg);
   return {};
@@ -282,6 +286,7 @@ int ShmWindow::slots() const noexcept { return seg_->header().slots; }
 int ShmWindow::allreduce_handoffs() const noexcept { return seg_->header().allreduce_handoffs; }
 std::uint64_t ShmWindow::direct_min_bytes() const noexcept { return seg_->header().direct_min_bytes; }
 int ShmWindow::pid(int r) const noexcept { return seg_->ctl(r).pid.load(std::memory_order_acquire); }
+bool ShmWindow::one_process() const noexcept { return seg_->one_process(); }
 std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept { return seg_->slot(r, s); }
 
 std::uint64_t ShmWindow::progress(int r) const noexcept {

@@ -73,7 +73,7 @@ class ShmWindow {
     // makes the same exchange; kDirectOff: never.
     std::uint64_t direct_min_bytes = kDirectMinBytes;
   };
-  static constexpr std::uint64_t kDirectMinBytes = std::uint64_t{256} << 10;
+  static constexpr std::uint64_t kDirectMinBytes = std::uint64_t{1024} << 10;
   static constexpr std::uint64_t kDirectOff = ~std::uint64_t{0};
 
   // The slot size when CCLZ_SHM_SLOT_KB is unset. One pipeline chunk fills a
@@ -124,6 +124,9 @@ class ShmWindow {
   std::uint64_t direct_min_bytes() const noexcept;
   // The process id of local rank r (0 until it has attached).
   int pid(int r) const noexcept;
+  // Whether the window's ranks are threads of this process (an anonymous
+  // segment), sharing one address space.
+  bool one_process() const noexcept;
   // Calls of this rank that ran on the direct path (shm_direct.hpp): for
   // tests and diagnostics.
   void count_direct() noexcept { direct_calls_.fetch_add(1, std::memory_order_relaxed); }

@@ -126,7 +126,7 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     EXPECT_TRUE(cfg.algo.empty());
     EXPECT_EQ(cfg.local_size, 0);
     EXPECT_EQ(cfg.shm_allreduce_handoffs, 0);
-    EXPECT_EQ(cfg.shm_direct_min_bytes, std::uint64_t{256} << 10);
+    EXPECT_EQ(cfg.shm_direct_min_bytes, std::uint64_t{1024} << 10);
   }
   struct Bad {
     const char* name;

@@ -5,6 +5,8 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace cclz::mpitest {
@@ -115,5 +117,33 @@ bool names_rank(std::string_view msg, int r) {
 }
 
 std::string rank_tag() { return "rank " + std::to_string(world_rank()) + "/" + std::to_string(world_size()); }
+
+Guarded::Guarded(std::size_t bytes, bool registered) : bytes_(bytes), registered_(registered) {
+  const std::size_t total = bytes + 2 * kGuard;
+  if (registered) {
+    void* p = nullptr;
+    const Status st = mem_alloc(&p, total);
+    if (!st.ok()) throw std::runtime_error(st.to_string());
+    mem_ = static_cast<std::byte*>(p);
+  } else {
+    heap_.resize(total);
+    mem_ = heap_.data();
+  }
+  std::memset(mem_, kGuardByte, total);
+  std::memset(data(), kFillByte, bytes);
+}
+
+Guarded::~Guarded() {
+  if (registered_) {
+    EXPECT_TRUE(mem_free(mem_).ok());
+  }
+}
+
+bool Guarded::guards_intact() const {
+  for (std::size_t i = 0; i < kGuard; ++i) {
+    if (mem_[i] != std::byte{kGuardByte} || mem_[kGuard + bytes_ + i] != std::byte{kGuardByte}) return false;
+  }
+  return true;
+}
 
 }  // namespace cclz::mpitest

@@ -52,4 +52,29 @@ bool names_rank(std::string_view msg, int r);
 // "rank 2/4" prefix for this process's lines.
 std::string rank_tag();
 
+// A test buffer with guard bytes on both sides, so writes past either end
+// show; filled with 0xA5. From the heap, or (registered) from
+// cclz::mem_alloc, whose buffers the node's ranks read in place.
+class Guarded {
+ public:
+  static constexpr std::size_t kGuard = 64;
+  static constexpr unsigned char kGuardByte = 0xC3;
+  static constexpr unsigned char kFillByte = 0xA5;
+
+  explicit Guarded(std::size_t bytes, bool registered = false);
+  ~Guarded();
+  Guarded(const Guarded&) = delete;
+  Guarded& operator=(const Guarded&) = delete;
+
+  std::byte* data() { return mem_ + kGuard; }
+  std::size_t bytes() const { return bytes_; }
+  bool guards_intact() const;
+
+ private:
+  std::size_t bytes_;
+  bool registered_;
+  std::vector<std::byte> heap_;
+  std::byte* mem_ = nullptr;
+};
+
 }  // namespace cclz::mpitest

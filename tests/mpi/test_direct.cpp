@@ -12,8 +12,6 @@
 // one rank's buffers are plain heap memory, none may have.
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -27,49 +25,6 @@ namespace {
 
 using coll::CollKind;
 using testing::CollCase;
-
-// A buffer with guard bytes on both sides, from mem_alloc or the heap.
-class Buffer {
- public:
-  static constexpr std::size_t kGuard = 64;
-  static constexpr unsigned char kGuardByte = 0xC3;
-
-  Buffer(std::size_t bytes, bool registered) : bytes_(bytes), registered_(registered) {
-    const std::size_t total = bytes + 2 * kGuard;
-    if (registered) {
-      void* p = nullptr;
-      const Status st = mem_alloc(&p, total);
-      if (!st.ok()) throw std::runtime_error(st.to_string());
-      mem_ = static_cast<std::byte*>(p);
-    } else {
-      heap_.resize(total);
-      mem_ = heap_.data();
-    }
-    std::memset(mem_, kGuardByte, total);
-    std::memset(data(), 0xA5, bytes);
-  }
-  ~Buffer() {
-    if (registered_) {
-      EXPECT_TRUE(mem_free(mem_).ok());
-    }
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-
-  std::byte* data() { return mem_ + kGuard; }
-  bool guards_intact() const {
-    for (std::size_t i = 0; i < kGuard; ++i) {
-      if (mem_[i] != std::byte{kGuardByte} || mem_[kGuard + bytes_ + i] != std::byte{kGuardByte}) return false;
-    }
-    return true;
-  }
-
- private:
-  std::size_t bytes_;
-  bool registered_;
-  std::vector<std::byte> heap_;
-  std::byte* mem_ = nullptr;
-};
 
 Request issue(Comm& c, const CollCase& cc, const void* s, void* r, const CallOptions& o) {
   switch (cc.kind) {
@@ -106,14 +61,16 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const 
     if (!algo.empty()) return true;  // not offered here (one rank, several nodes): nothing to test
     ran.clear();
   }
-  *eligible = ran == "shm" && cc.count != 0 && !(in_place && cc.kind == CollKind::all_to_all);
+  const std::size_t largest = cc.count * es * (cc.kind == CollKind::all_reduce ? 1 : static_cast<std::size_t>(cc.nranks));
+  *eligible = ran == "shm" && cc.count != 0 && largest >= c.impl()->direct_min_bytes() &&
+              !(in_place && cc.kind == CollKind::all_to_all);
 
   Status st;
   std::size_t wrong = 0;
   bool guards = true, untouched = true;
   std::uint64_t hash = 0;
   if (!in_place) {
-    Buffer send(bc.send * es, registered), recv(bc.recv * es, registered);
+    Guarded send(bc.send * es, registered), recv(bc.recv * es, registered);
     testing::fill_input(cc, rank, send.data());
     const std::uint64_t before = fnv1a(send.data(), bc.send * es);
     st = issue(c, cc, send.data(), recv.data(), opt).wait();
@@ -125,7 +82,7 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const 
     }
   } else {
     const testing::InPlaceLayout lay = testing::in_place_layout(cc, rank);
-    Buffer buf(lay.buffer_count * es, registered);
+    Guarded buf(lay.buffer_count * es, registered);
     testing::fill_input(cc, rank, buf.data() + lay.send_offset * es);
     st = issue(c, cc, buf.data() + lay.send_offset * es, buf.data() + lay.recv_offset * es, opt).wait();
     if (st.ok()) {
@@ -163,9 +120,10 @@ bool direct_expected(Comm& c) {
 constexpr CollKind kKinds[] = {CollKind::all_reduce, CollKind::reduce_scatter, CollKind::all_gather,
                                CollKind::all_to_all};
 
-// mem_alloc buffers on every rank: calls from just above the 256 KiB
-// threshold to past the 4 MB streaming one, several dtypes and ops, odd
-// counts, in and out of place, the shm algorithm and the tuned default.
+// mem_alloc buffers on every rank: calls from 300 KB (below the default
+// 1 MiB threshold: staged unless a run lowers it) to past the 4 MB
+// streaming size, several dtypes and ops, odd counts, in and out of place,
+// the shm algorithm and the tuned default.
 TEST(Direct, RegisteredBuffersBitExact) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
@@ -236,7 +194,7 @@ TEST(Direct, ManyShortLivedBuffers) {
   const std::uint64_t before = c->impl()->direct_calls();
   for (int i = 0; i < 80; ++i) {
     const CollKind kind = i % 2 == 0 ? CollKind::all_reduce : CollKind::all_gather;
-    const std::size_t count = testing::count_for_bytes(kind, (256u << 10) + 4096u * static_cast<unsigned>(i),
+    const std::size_t count = testing::count_for_bytes(kind, (1u << 20) + 4096u * static_cast<unsigned>(i),
                                                        DataType::f32, n) | 1;
     CollCase cc{kind, DataType::f32, ReduceOp::sum, count, 0, n};
     bool eligible = false;

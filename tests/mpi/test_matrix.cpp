@@ -45,30 +45,6 @@ bool algo_supports(const coll::AlgorithmDesc& d, Comm& c, const coll::CollArgs& 
   return c.impl()->algorithm_for(a, opt, nullptr, nullptr).ok();
 }
 
-// A buffer with guard bytes on both sides, so writes past either end show.
-class Guarded {
- public:
-  static constexpr std::size_t kGuard = 64;
-  static constexpr unsigned char kGuardByte = 0xC3;
-  static constexpr unsigned char kFillByte = 0xA5;
-
-  explicit Guarded(std::size_t bytes) : bytes_(bytes), mem_(bytes + 2 * kGuard, std::byte{kGuardByte}) {
-    std::memset(data(), kFillByte, bytes_);
-  }
-  std::byte* data() { return mem_.data() + kGuard; }
-  std::size_t bytes() const { return bytes_; }
-  bool guards_intact() const {
-    for (std::size_t i = 0; i < kGuard; ++i) {
-      if (mem_[i] != std::byte{kGuardByte} || mem_[kGuard + bytes_ + i] != std::byte{kGuardByte}) return false;
-    }
-    return true;
-  }
-
- private:
-  std::size_t bytes_;
-  std::vector<std::byte> mem_;
-};
-
 std::string case_label(const CollCase& cc, const std::string& algo, bool in_place) {
   const CollInfo& info = testing::coll_info(cc.kind);
   std::string s = std::string(info.name) + " algo=" + (algo.empty() ? "default" : algo) + " dt=" + dtype_name(cc.dt);
