@@ -11,7 +11,13 @@
 // (CCLZ_TEST_EXPECT_DIRECT=0, for runs that switch the path off); and when
 // one rank's buffers are plain heap memory, none may have.
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -206,6 +212,50 @@ TEST(Direct, ManyShortLivedBuffers) {
   if (direct_expected(*c)) {
     EXPECT_EQ(direct, eligible_calls) << rank_tag();
   }
+}
+
+// From now on pidfd_getfd fails with EPERM in this process (a seccomp
+// filter, which cannot be removed): what a host that forbids taking
+// another process's descriptors looks like to the direct path.
+bool deny_pidfd_getfd() {
+  sock_filter code[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pidfd_getfd, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+// The last rank cannot map its peers' buffers. Every rank has mem_alloc
+// buffers, so all of them try, and the last rank's failure, confirmed in
+// the second hand-off, must send every rank to the staged path, exactly.
+// It changes the process for good, so it runs in a job of its own
+// (mpi-direct-unmappable) and the other runs leave it out.
+TEST(DirectUnmappable, OneRankCannotMapSendsEveryoneStaged) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  if (c->rank() == n - 1) {
+    ASSERT_TRUE(deny_pidfd_getfd()) << rank_tag() << ": cannot install the seccomp filter";
+  }
+  std::vector<std::uint64_t> hashes;
+  const std::uint64_t before = c->impl()->direct_calls();
+  std::uint64_t eligible_calls = 0;
+  for (CollKind kind : kKinds) {
+    const std::size_t count = testing::count_for_bytes(kind, 2u << 20, DataType::f32, n) | 1;
+    CollCase cc{kind, DataType::f32, ReduceOp::sum, count, 0, n};
+    bool eligible = false;
+    ASSERT_TRUE(run_one(*c, cc, false, true, "", &hashes, &eligible));
+    eligible_calls += eligible;
+  }
+  expect_same_everywhere(hashes);
+  if (direct_expected(*c)) {
+    EXPECT_GT(eligible_calls, 0u) << rank_tag() << ": no call reached the direct agreement";
+  }
+  EXPECT_EQ(c->impl()->direct_calls(), before) << rank_tag() << ": went direct although rank " << n - 1
+                                               << " could not map its peers' buffers";
 }
 
 }  // namespace
