@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "shm_pipeline.hpp"
@@ -51,10 +52,27 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
 // peer reads this rank's buffers any more).
 Status fence(Group& g, const detail::ShmWindow::CallSig& sig, const char* name);
 
-// Whether a call whose largest buffer is `bytes` tries the direct path
-// (the same answer on every rank of the window).
-inline bool try_direct(const Group& g, std::size_t bytes) {
-  return static_cast<std::uint64_t>(bytes) >= g.shm()->direct_min_bytes();
+// The direct path of one call, for the collectives' run(): when the call's
+// largest buffer is at least the window's threshold (the same answer on
+// every rank) and the ranks agree, runs direct(sig, pb) (returning a Status
+// or nothing) on the peers' buffers, then the fence, and sets *ran. `send_bytes`/`recv_bytes`: the sizes of
+// this rank's buffers that peers read (0: not read).
+template <class Direct>
+Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size_t send_bytes,
+                     std::size_t recv_bytes, bool* ran, Direct&& direct) {
+  *ran = false;
+  if (static_cast<std::uint64_t>(largest) < g.shm()->direct_min_bytes()) return {};
+  const auto sig = call_sig(g, a, a.count);
+  PeerBuffers pb;
+  if (Status st = agree_direct(g, sig, a.sendbuf, send_bytes, a.recvbuf, recv_bytes, ran, &pb); !st.ok() || !*ran) {
+    return st;
+  }
+  if constexpr (std::is_void_v<decltype(direct(sig, pb))>) {
+    direct(sig, pb);  // copies and reductions that cannot fail
+  } else if (Status st = direct(sig, pb); !st.ok()) {
+    return st;
+  }
+  return fence(g, sig, coll_name(a.kind));
 }
 
 }  // namespace cclz::coll::shm

@@ -204,15 +204,11 @@ struct CommImpl {
   const Topology& topology() const noexcept { return topo_; }
   // Calls of this rank that read the node's peers' buffers in place
   // (collectives/shm_direct.hpp); 0 without a shared-memory window.
-  std::uint64_t direct_calls() const noexcept {
-    const ShmWindow* w = tune_group_ ? tune_group_->shm() : nullptr;
-    return w != nullptr ? w->direct_calls() : 0;
-  }
+  std::uint64_t direct_calls() const noexcept { return window() ? window()->direct_calls() : 0; }
   // From how many bytes (largest buffer) calls try that path, as the
   // node's first rank set it; ShmWindow::kDirectOff without a window.
   std::uint64_t direct_min_bytes() const noexcept {
-    const ShmWindow* w = tune_group_ ? tune_group_->shm() : nullptr;
-    return w != nullptr ? w->direct_min_bytes() : ShmWindow::kDirectOff;
+    return window() ? window()->direct_min_bytes() : ShmWindow::kDirectOff;
   }
   const std::vector<RankInfo>& rank_infos() const noexcept { return ranks_; }
 
@@ -221,6 +217,8 @@ struct CommImpl {
 
  private:
   Status validate(const coll::CollArgs& a, ReduceOp user_op) const;
+  // The node-local window of the whole communicator, or null.
+  const ShmWindow* window() const noexcept { return tune_group_ ? tune_group_->shm() : nullptr; }
   Status choose_algorithm(const coll::CollArgs& a, const CallOptions& opt, const coll::AlgorithmDesc** out,
                           const char** source) const;
   void log_choice(const coll::CollArgs& a, const coll::AlgorithmDesc* d, const char* source);

@@ -69,7 +69,7 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
 
 namespace {
 
-Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig& sig, const shm::PeerBuffers& pb) {
+void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t block = a.count * a.elem_size();
   auto* out = static_cast<std::byte*>(a.recvbuf);
@@ -88,22 +88,15 @@ Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig&
       if (to != from) out_copy(to, from, len);
     }
   }
-  return shm::fence(g, sig, "all_gather");
 }
 
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
-  const std::size_t out_bytes = a.count * a.elem_size() * static_cast<std::size_t>(g.size());
-  if (shm::try_direct(g, out_bytes)) {
-    const auto sig = shm::call_sig(g, a, a.count);
-    bool direct = false;
-    shm::PeerBuffers pb;
-    if (Status st = shm::agree_direct(g, sig, a.sendbuf, a.count * a.elem_size(), nullptr, 0, &direct, &pb);
-        !st.ok()) {
-      return st;
-    }
-    if (direct) return run_direct(g, a, sig, pb);
-  }
+  const std::size_t block = a.count * a.elem_size();
+  bool ran = false;
+  Status direct = shm::run_if_direct(g, a, block * static_cast<std::size_t>(g.size()), block, 0, &ran,
+                                     [&](const auto&, const auto& pb) { run_direct(g, a, pb); });
+  if (!direct.ok() || ran) return direct;
   const allreduce_impl::BlockLayout layout{a.count * static_cast<std::size_t>(g.size()), g.size()};
   return shm::all_gather(g, shm::call_sig(g, a, a.count), a.sendbuf, a.recvbuf, layout, a.elem_size());
 }

@@ -78,7 +78,6 @@ std::uint64_t ticks() {
 // not stay in the cache anyway, and the slots should.
 constexpr std::size_t kStreamBytes = 4 << 20;
 
-
 Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig& sig, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t es = a.elem_size(), unit = shm::line_elems(es) * static_cast<std::size_t>(n);
@@ -107,23 +106,17 @@ Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig&
       out_copy(dst + (first + off) * es, pb.recv[static_cast<std::size_t>(q)] + (first + off) * es, m * es);
     }
   };
-  if (Status st = shm::run_pipeline(g, sig, chunks, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce");
-      !st.ok()) {
-    return st;
-  }
-  return shm::fence(g, sig, "all_reduce");
+  return shm::run_pipeline(g, sig, chunks, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce");
 }
 
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
-  if (shm::try_direct(g, a.count * a.elem_size())) {
-    const std::size_t bytes = a.count * a.elem_size();
-    const auto sig = shm::call_sig(g, a, a.count);
-    bool direct = false;
-    shm::PeerBuffers pb;
-    if (Status st = shm::agree_direct(g, sig, a.sendbuf, bytes, a.recvbuf, bytes, &direct, &pb); !st.ok()) return st;
-    if (direct) return run_direct(g, a, sig, pb);
-  }
+  const std::size_t whole = a.count * a.elem_size();
+  bool ran = false;
+  Status direct = shm::run_if_direct(g, a, whole, whole, whole, &ran, [&](const auto& sig, const auto& pb) {
+    return run_direct(g, a, sig, pb);
+  });
+  if (!direct.ok() || ran) return direct;
   detail::ShmWindow& w = *g.shm();
   const int n = g.size(), me = g.rank();
   const std::size_t es = a.elem_size(), bytes = a.count * es;

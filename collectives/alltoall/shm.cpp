@@ -20,7 +20,7 @@ namespace {
 
 constexpr std::size_t kStreamBytes = 4 << 20;
 
-Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig& sig, const shm::PeerBuffers& pb) {
+void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t block = a.count * a.elem_size();
   auto* out = static_cast<std::byte*>(a.recvbuf);
@@ -30,18 +30,16 @@ Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig&
     out_copy(out + static_cast<std::size_t>(q) * block,
              pb.send[static_cast<std::size_t>(q)] + static_cast<std::size_t>(me) * block, block);
   }
-  return shm::fence(g, sig, "all_to_all");
 }
 
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
-  const std::size_t bytes = a.count * a.elem_size() * static_cast<std::size_t>(g.size());
-  if (a.sendbuf != a.recvbuf && shm::try_direct(g, bytes)) {
-    const auto sig = shm::call_sig(g, a, a.count);
-    bool direct = false;
-    shm::PeerBuffers pb;
-    if (Status st = shm::agree_direct(g, sig, a.sendbuf, bytes, nullptr, 0, &direct, &pb); !st.ok()) return st;
-    if (direct) return run_direct(g, a, sig, pb);
+  if (a.sendbuf != a.recvbuf) {
+    const std::size_t bytes = a.count * a.elem_size() * static_cast<std::size_t>(g.size());
+    bool ran = false;
+    Status direct =
+        shm::run_if_direct(g, a, bytes, bytes, 0, &ran, [&](const auto&, const auto& pb) { run_direct(g, a, pb); });
+    if (!direct.ok() || ran) return direct;
   }
   detail::ShmWindow& w = *g.shm();
   const int n = g.size(), me = g.rank();

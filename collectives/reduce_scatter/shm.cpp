@@ -58,7 +58,7 @@ Status shm::reduce_scatter(Group& g, const detail::ShmWindow::CallSig& sig, cons
 
 namespace {
 
-Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig& sig, const shm::PeerBuffers& pb) {
+void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t block = a.count * a.elem_size();
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
@@ -66,19 +66,15 @@ Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig&
     srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + static_cast<std::size_t>(me) * block;
   }
   kernels::reduce_many(a.recvbuf, srcs, a.count, a.dt, a.op);
-  return shm::fence(g, sig, "reduce_scatter");
 }
 
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
   const std::size_t in_bytes = a.count * a.elem_size() * static_cast<std::size_t>(g.size());
-  if (shm::try_direct(g, in_bytes)) {
-    const auto sig = shm::call_sig(g, a, a.count);
-    bool direct = false;
-    shm::PeerBuffers pb;
-    if (Status st = shm::agree_direct(g, sig, a.sendbuf, in_bytes, nullptr, 0, &direct, &pb); !st.ok()) return st;
-    if (direct) return run_direct(g, a, sig, pb);
-  }
+  bool ran = false;
+  Status direct = shm::run_if_direct(g, a, in_bytes, in_bytes, 0, &ran,
+                                     [&](const auto&, const auto& pb) { run_direct(g, a, pb); });
+  if (!direct.ok() || ran) return direct;
   const allreduce_impl::BlockLayout layout{a.count * static_cast<std::size_t>(g.size()), g.size()};
   return shm::reduce_scatter(g, shm::call_sig(g, a, a.count), a.sendbuf, a.recvbuf, layout, a.dt, a.op);
 }
