@@ -570,6 +570,7 @@ const Kernels* kernels_for(kernels::Isa isa) noexcept {
 #else
       return nullptr;
 #endif
+    case kernels::Isa::avx512: return nullptr;  // no 512-bit quantisation kernels: avx2's serve
   }
   return nullptr;
 }

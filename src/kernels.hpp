@@ -60,8 +60,9 @@ void float_to_bf16(std::span<const float> src, std::span<std::uint16_t> dst) noe
 enum class Isa : int {
   generic = 0,  // baseline x86-64 (SSE2), or the target's default elsewhere
   avx2 = 1,     // x86-64-v3: AVX2, F16C, FMA (not used: no contraction)
+  avx512 = 2,   // x86-64-v4: avx2's kernels, with f16/bf16 on 512-bit vectors
 };
-inline constexpr Isa kAllIsas[] = {Isa::generic, Isa::avx2};
+inline constexpr Isa kAllIsas[] = {Isa::generic, Isa::avx2, Isa::avx512};
 const char* isa_name(Isa isa) noexcept;
 
 struct Variant {

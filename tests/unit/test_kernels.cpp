@@ -33,7 +33,7 @@ __extension__ typedef __int128 i128;
 __extension__ typedef unsigned __int128 u128;
 
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max};
-constexpr std::size_t kCounts[] = {0, 1, 7, 31, 1000, 4097};
+constexpr std::size_t kCounts[] = {0, 1, 7, 16, 31, 33, 48, 1000, 4097};
 
 std::vector<const kernels::Variant*> variants() {
   std::vector<const kernels::Variant*> v;
@@ -644,7 +644,7 @@ TEST(KernelsReduceMany, FoldsEveryDtypeOpAndAlias) {
       const std::size_t es = cclz::dtype_size(dt);
       for (ReduceOp op : kOps) {
         for (std::size_t k : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{5}}) {
-          for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}, std::size_t{1000},
+          for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}, std::size_t{48}, std::size_t{1000},
                                 std::size_t{2049}}) {
             // alias: -1 = dst separate, otherwise dst == srcs[alias]
             for (int alias : {-1, 0, static_cast<int>(k) - 1, static_cast<int>(k / 2)}) {
