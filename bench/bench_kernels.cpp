@@ -226,7 +226,7 @@ void register_all() {
     }
   }
   for (std::size_t bytes : kSizes) {
-    for (DataType dt : {DataType::f32, DataType::bf16}) {
+    for (DataType dt : {DataType::f32, DataType::f16, DataType::bf16}) {
       benchmark::RegisterBenchmark(
           (std::string("reduce_inplace/") + cclz::dtype_name(dt) + "/max/" + size_name(bytes)).c_str(),
           bm_reduce_inplace, dt, bytes);
