@@ -49,7 +49,7 @@ class PeerMaps {
   // cannot be (no pidfd support, no permission to take the peer's
   // descriptor, or a descriptor that does not match): the call then goes
   // staged on every rank.
-  const std::byte* map(int r, int pid, const BufDesc& d, std::uint64_t call) {
+  std::byte* map(int r, int pid, const BufDesc& d, std::uint64_t call) {
     const std::pair<int, std::uint64_t> key{r, d.id};
     if (auto it = maps_.find(key); it != maps_.end()) {
       it->second.used = call;
@@ -71,7 +71,8 @@ class PeerMaps {
       close(fd);
       return nullptr;
     }
-    void* p = mmap(nullptr, d.map_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    // Writable: the all-reduce writes its results into the peers' outputs.
+    void* p = mmap(nullptr, d.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return nullptr;
     auto* base = static_cast<std::byte*>(p);
@@ -174,19 +175,22 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
   out->recv.assign(static_cast<std::size_t>(n), nullptr);
   bool mapped = true;
   PeerMaps& maps = *w.local_state<PeerMapsHolder>().maps;
+  // Rank r's buffer `desc` as mapped here; clears `mapped` when it cannot be.
+  auto resolve = [&](int r, const BufDesc& desc) -> std::byte* {
+    if (desc.bytes == 0 || !mapped) return nullptr;
+    std::byte* p = nullptr;
+    if (r == me || w.one_process()) {
+      p = reinterpret_cast<std::byte*>(desc.addr);
+    } else if (std::byte* base = maps.map(r, w.pid(r), desc, g.seq()); base != nullptr) {
+      p = base + desc.offset;
+    }
+    mapped = p != nullptr;
+    return p;
+  };
   for (int r = 0; r < n && mapped; ++r) {
     const Descs& d = descs[static_cast<std::size_t>(r)];
-    for (auto [desc, view] : {std::pair{&d.send, &out->send}, std::pair{&d.recv, &out->recv}}) {
-      if (desc->bytes == 0 || !mapped) continue;
-      const std::byte* p = nullptr;
-      if (r == me || w.one_process()) {
-        p = reinterpret_cast<const std::byte*>(desc->addr);
-      } else if (const std::byte* base = maps.map(r, w.pid(r), *desc, g.seq()); base != nullptr) {
-        p = base + desc->offset;
-      }
-      (*view)[static_cast<std::size_t>(r)] = p;
-      mapped = p != nullptr;
-    }
+    out->send[static_cast<std::size_t>(r)] = resolve(r, d.send);
+    out->recv[static_cast<std::size_t>(r)] = resolve(r, d.recv);
   }
   if (w.one_process()) {
     *direct = true;  // nothing was mapped: every rank succeeded alike

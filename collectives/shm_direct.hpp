@@ -1,7 +1,7 @@
-// The direct path of the node-local collectives: ranks read one another's
-// buffers in place, with no staging slot in between (single copy, as
-// NCCL's registered windows and MPI's cross-memory attach do, but with the
-// reduction fused into the read).
+// The direct path of the node-local collectives: ranks read (and the
+// all-reduce writes) one another's buffers in place, with no staging slot
+// in between (single copy, as NCCL's registered windows and MPI's
+// cross-memory attach do, but with the reduction fused into the read).
 //
 // A peer's buffer can be read when it is mapped here: ranks that are threads
 // of one process share their address space; processes map each other's
@@ -17,15 +17,15 @@
 //     buffers (cache hits after the first call) and, between processes, a
 //     second chunk's hand-off tells every rank whether all mappings worked.
 // The collective then runs on the peers' buffers and ends with fence(): a
-// rank returns only after every peer is done reading its buffers, since
-// the caller may reuse them at once.
+// rank returns only after every peer is done with its buffers, since the
+// caller may reuse them at once.
 //
 // Cost: staged calls of heap buffers about a microsecond (a published
 // chunk); direct calls 2 hand-offs to agree and 1 to fence, which is why
 // only calls of at least ShmWindow::direct_min_bytes try it; then each
-// byte is copied once (all-gather, all-to-all) or reduced once from the
-// owners' buffers and copied once (all-reduce), against two or three
-// passes through a slot on the staged path.
+// byte is copied once (all-gather, all-to-all), or reduced once by its
+// share's owner and copied from there into each peer's output (all-reduce),
+// against two or three passes through a slot on the staged path.
 #pragma once
 
 #include <cstddef>
@@ -36,9 +36,11 @@
 
 namespace cclz::coll::shm {
 
-// The buffers of every rank of the window, as this rank can read them.
+// The buffers of every rank of the window, as mapped here: sends are read,
+// receive buffers read (all-gather, all-to-all) or written (all-reduce).
 struct PeerBuffers {
-  std::vector<const std::byte*> send, recv;  // indexed by local rank; this rank's own too
+  std::vector<const std::byte*> send;  // indexed by local rank; this rank's own too
+  std::vector<std::byte*> recv;
 };
 
 // Agrees, with every rank of the window, whether this call runs direct.
@@ -49,14 +51,15 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
                     const void* recv, std::size_t recv_bytes, bool* direct, PeerBuffers* out);
 
 // Returns once every rank of the window has finished the direct call (so no
-// peer reads this rank's buffers any more).
+// peer reads or writes this rank's buffers any more).
 Status fence(Group& g, const detail::ShmWindow::CallSig& sig, const char* name);
 
 // The direct path of one call, for the collectives' run(): when the call's
 // largest buffer is at least the window's threshold (the same answer on
 // every rank) and the ranks agree, runs direct(sig, pb) (returning a Status
-// or nothing) on the peers' buffers, then the fence, and sets *ran. `send_bytes`/`recv_bytes`: the sizes of
-// this rank's buffers that peers read (0: not read).
+// or nothing) on the peers' buffers, then the fence, and sets *ran.
+// `send_bytes`/`recv_bytes`: the sizes of this rank's buffers that peers
+// use (0: not used).
 template <class Direct>
 Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size_t send_bytes,
                      std::size_t recv_bytes, bool* ran, Direct&& direct) {

@@ -18,16 +18,22 @@
 // being read a few microseconds after it was written. CPU work per rank:
 // (n-1)/n of the buffer staged, 1/n reduced, (n-1)/n copied out.
 //
-// Large calls whose buffers every rank can read in place (shm_direct.hpp)
-// skip the slots: chunk by chunk, (0) each rank reduces its share straight
-// from the n inputs into its output, (1) copies the other shares from their
-// owners' outputs. The same kernel on the same operands in the same order:
-// bitwise the staged result. In place works: a rank overwrites a peer's
-// share of its buffer only after that peer has read it (stage 1 waits).
+// Large calls whose buffers every rank can map (shm_direct.hpp) skip the
+// slots: each rank reduces its 1/n share straight from the n inputs into
+// its output, a block at a time, and copies each block on into the n-1
+// peers' outputs while it is still in L1. Only rank r reads or writes the
+// share-r range of any buffer, so the ranks need no hand-off between the
+// agreement and the fence, and in place is safe (a block's inputs are read
+// before its results are written). The same kernel on the same operands in
+// the same order: bitwise the staged result. Pushing the result, rather
+// than letting each peer read it from the owner's output, keeps the
+// owner's output lines out of the peers' caches, so the next call's
+// reduction does not have to take them back line by line (2 ranks, 4 MB:
+// in place 126 -> 79 us, out of place 150 -> 123; docs/performance.md).
 // CPU work per rank: 1/n reduced, (n-1)/n copied, no staging.
 //
 // Cost: 2 (one hand-off) or 3 stages per chunk, chunks = bytes / slot;
-// direct: 2 stages per chunk of slots x slot bytes, plus 3 hand-offs.
+// direct: the agreement's 2 hand-offs and the fence's 1.
 #include "allreduce/common.hpp"
 #include "allreduce/handoffs.hpp"
 #include "shm_direct.hpp"
@@ -78,43 +84,35 @@ std::uint64_t ticks() {
 // not stay in the cache anyway, and the slots should.
 constexpr std::size_t kStreamBytes = 4 << 20;
 
-Status run_direct(Group& g, const CollArgs& a, const detail::ShmWindow::CallSig& sig, const shm::PeerBuffers& pb) {
+// Elements reduced and pushed at a time on the direct path: the reduced
+// block is still in L1 when it is copied out to the peers.
+constexpr std::size_t kPushBlockBytes = 16 << 10;
+
+void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
-  const std::size_t es = a.elem_size(), unit = shm::line_elems(es) * static_cast<std::size_t>(n);
-  // A chunk as large as this rank's slot ring (4 MiB on 2 ranks by
-  // default): large enough that its hand-off is noise, small enough that a
-  // share is still in the cache when the peers copy it.
-  const std::size_t chunk_bytes = g.shm()->slot_bytes() * static_cast<std::size_t>(g.shm()->slots());
-  const std::size_t C = std::max(unit, chunk_bytes / es / unit * unit);
-  const std::size_t chunks = (a.count + C - 1) / C;
-  auto* dst = static_cast<std::byte*>(a.recvbuf);
-  auto out_copy = a.count * es > kStreamBytes ? shm::copy_stream : shm::copy;
+  const std::size_t es = a.elem_size(), line = shm::line_elems(es);
+  const shm::Shares sh{a.count, line, n};
+  const std::size_t first = sh.off(me), m = sh.size(me);
+  const std::size_t B = std::max(line, kPushBlockBytes / es / line * line);
+  auto push = a.count * es > kStreamBytes ? shm::copy_stream : shm::copy;
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
-  auto body = [&](std::size_t c, std::uint64_t, int t) {
-    const std::size_t first = c * C, len = std::min(C, a.count - first);
-    const shm::Shares sh{len, shm::line_elems(es), n};
-    if (t == 0) {
-      const std::size_t off = sh.off(me), m = sh.size(me);
-      if (m == 0) return;
-      for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + (first + off) * es;
-      kernels::reduce_many(dst + (first + off) * es, srcs, m, a.dt, a.op);
-      return;
-    }
+  for (std::size_t o = 0; o < m; o += B) {
+    const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
+    for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + at;
+    std::byte* mine = pb.recv[static_cast<std::size_t>(me)] + at;
+    kernels::reduce_many(mine, srcs, bytes / es, a.dt, a.op);
     for (int q = 0; q < n; ++q) {
-      const std::size_t off = sh.off(q), m = sh.size(q);
-      if (q == me || m == 0) continue;
-      out_copy(dst + (first + off) * es, pb.recv[static_cast<std::size_t>(q)] + (first + off) * es, m * es);
+      if (q != me) push(pb.recv[static_cast<std::size_t>(q)] + at, mine, bytes);
     }
-  };
-  return shm::run_pipeline(g, sig, chunks, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce");
+  }
 }
 
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
   const std::size_t whole = a.count * a.elem_size();
   bool ran = false;
-  Status direct = shm::run_if_direct(g, a, whole, whole, whole, &ran, [&](const auto& sig, const auto& pb) {
-    return run_direct(g, a, sig, pb);
+  Status direct = shm::run_if_direct(g, a, whole, whole, whole, &ran, [&](const auto&, const auto& pb) {
+    run_direct(g, a, pb);
   });
   if (!direct.ok() || ran) return direct;
   detail::ShmWindow& w = *g.shm();
