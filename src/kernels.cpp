@@ -422,27 +422,26 @@ CCLZ_TARGET_V4 CCLZ_INLINE __m512 vop512(__m512 a, __m512 b) noexcept {
   }
 }
 
-// 16 halves; lanes outside `mask` read as zero. Whole steps take plain
-// loads and stores: with every step masked, the 4-input reduce from memory
-// ran at 40% (f16) and 70% (bf16) of this (bench-kernels reduce_many k4,
+// 16 halves; lanes outside `mask` read as zero. Callers pass the constant
+// kFull16 for whole steps, which GCC turns into plain loads and stores (a
+// convert straight to memory for store_h16), and a computed mask only for
+// a tail: masked accesses on every step ran the 4-input reduce from memory
+// at 40% (f16) and 70% (bf16) of this speed (bench-kernels reduce_many k4,
 // 64 MiB: 14.5 against 37 GB/s, 24.5 against 36).
+constexpr __mmask16 kFull16 = 0xffff;
+constexpr __mmask32 kFull32 = 0xffffffffu;
 CCLZ_TARGET_V4 CCLZ_INLINE __m512 load_h16(const u16_u* p, __mmask16 mask) noexcept {
-  if (mask == __mmask16(0xffff)) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
 }
 CCLZ_TARGET_V4 CCLZ_INLINE void store_h16(u16_u* p, __m512 v, __mmask16 mask) noexcept {
-  const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  if (mask == __mmask16(0xffff)) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
-  } else {
-    _mm256_mask_storeu_epi16(p, mask, h);
-  }
+  _mm256_mask_storeu_epi16(p, mask, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+// The mask of a tail of `left` elements (fewer than a step).
 CCLZ_TARGET_V4 CCLZ_INLINE __mmask16 mask16(std::size_t left) noexcept {
-  return left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+  return static_cast<__mmask16>((1u << left) - 1u);
 }
 CCLZ_TARGET_V4 CCLZ_INLINE __mmask32 mask32(std::size_t left) noexcept {
-  return left >= 32 ? __mmask32(0xffffffffu) : static_cast<__mmask32>((1u << left) - 1u);
+  return static_cast<__mmask32>((1u << left) - 1u);
 }
 
 template <class Op>
@@ -450,31 +449,37 @@ CCLZ_TARGET_V4 void reduce_f16_512(void* dst, const void* a, const void* b, std:
   u16_u* d = static_cast<u16_u*>(dst);
   const u16_u* pa = static_cast<const u16_u*>(a);
   const u16_u* pb = static_cast<const u16_u*>(b);
-  const __mmask16 all = 0xffff;
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512 r0 = vop512<Op>(load_h16(pa + i, all), load_h16(pb + i, all));
-    const __m512 r1 = vop512<Op>(load_h16(pa + i + 16, all), load_h16(pb + i + 16, all));
-    store_h16(d + i, r0, all);
-    store_h16(d + i + 16, r1, all);
+    const __m512 r0 = vop512<Op>(load_h16(pa + i, kFull16), load_h16(pb + i, kFull16));
+    const __m512 r1 = vop512<Op>(load_h16(pa + i + 16, kFull16), load_h16(pb + i + 16, kFull16));
+    store_h16(d + i, r0, kFull16);
+    store_h16(d + i + 16, r1, kFull16);
   }
-  for (; i < n; i += 16) {
+  for (; i + 16 <= n; i += 16) {
+    store_h16(d + i, vop512<Op>(load_h16(pa + i, kFull16), load_h16(pb + i, kFull16)), kFull16);
+  }
+  if (i < n) {
     const __mmask16 m = mask16(n - i);
     store_h16(d + i, vop512<Op>(load_h16(pa + i, m), load_h16(pb + i, m)), m);
   }
 }
 
+CCLZ_TARGET_V4 CCLZ_INLINE void widen_step(f32_u* out, const u16_u* in, __mmask16 m) noexcept {
+  _mm512_mask_storeu_ps(reinterpret_cast<float*>(out), m, load_h16(in, m));
+}
+CCLZ_TARGET_V4 CCLZ_INLINE void narrow_step(u16_u* out, const f32_u* in, __mmask16 m) noexcept {
+  store_h16(out, _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(in)), m);
+}
 CCLZ_TARGET_V4 void widen_f16_512(f32_u* out, const u16_u* in, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; i += 16) {
-    const __mmask16 m = mask16(n - i);
-    _mm512_mask_storeu_ps(reinterpret_cast<float*>(out + i), m, load_h16(in + i, m));
-  }
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) widen_step(out + i, in + i, kFull16);
+  if (i < n) widen_step(out + i, in + i, mask16(n - i));
 }
 CCLZ_TARGET_V4 void narrow_f16_512(u16_u* out, const f32_u* in, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; i += 16) {
-    const __mmask16 m = mask16(n - i);
-    store_h16(out + i, _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(in + i)), m);
-  }
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) narrow_step(out + i, in + i, kFull16);
+  if (i < n) narrow_step(out + i, in + i, mask16(n - i));
 }
 
 // bf16 as on AVX2: unpack against zero within each 128-bit lane, and packus
@@ -502,15 +507,18 @@ CCLZ_TARGET_V4 CCLZ_INLINE __m512i load_b32_full(const u16_u* p) noexcept {
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)), 1);
 }
+// As load_h16/store_h16: kFull32 for whole steps, a computed mask for a tail.
 CCLZ_TARGET_V4 CCLZ_INLINE __m512i load_b32(const u16_u* p, __mmask32 mask) noexcept {
-  return mask == __mmask32(0xffffffffu) ? load_b32_full(p) : _mm512_maskz_loadu_epi16(mask, p);
+  return mask == kFull32 ? load_b32_full(p) : _mm512_maskz_loadu_epi16(mask, p);
 }
 CCLZ_TARGET_V4 CCLZ_INLINE void store_b32(u16_u* p, __m512i v, __mmask32 mask) noexcept {
-  if (mask == __mmask32(0xffffffffu)) {
-    _mm512_storeu_si512(p, v);
-  } else {
-    _mm512_mask_storeu_epi16(p, mask, v);
-  }
+  _mm512_mask_storeu_epi16(p, mask, v);
+}
+
+template <class Op>
+CCLZ_TARGET_V4 CCLZ_INLINE void reduce_bf16_step(u16_u* d, const u16_u* a, const u16_u* b, __mmask32 m) noexcept {
+  const __m512i va = load_b32(a, m), vb = load_b32(b, m);
+  store_b32(d, bf16_pack512(vop512<Op>(bf16_lo512(va), bf16_lo512(vb)), vop512<Op>(bf16_hi512(va), bf16_hi512(vb))), m);
 }
 
 template <class Op>
@@ -519,17 +527,8 @@ CCLZ_TARGET_V4 void reduce_bf16_512(void* dst, const void* a, const void* b, std
   const u16_u* pa = static_cast<const u16_u*>(a);
   const u16_u* pb = static_cast<const u16_u*>(b);
   std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512i va = load_b32_full(pa + i), vb = load_b32_full(pb + i);
-    _mm512_storeu_si512(d + i, bf16_pack512(vop512<Op>(bf16_lo512(va), bf16_lo512(vb)),
-                                            vop512<Op>(bf16_hi512(va), bf16_hi512(vb))));
-  }
-  if (i < n) {
-    const __mmask32 m = mask32(n - i);
-    const __m512i va = load_b32(pa + i, m), vb = load_b32(pb + i, m);
-    store_b32(d + i, bf16_pack512(vop512<Op>(bf16_lo512(va), bf16_lo512(vb)), vop512<Op>(bf16_hi512(va), bf16_hi512(vb))),
-              m);
-  }
+  for (; i + 32 <= n; i += 32) reduce_bf16_step<Op>(d + i, pa + i, pb + i, kFull32);
+  if (i < n) reduce_bf16_step<Op>(d + i, pa + i, pb + i, mask32(n - i));
 }
 
 #pragma GCC diagnostic pop
@@ -773,26 +772,38 @@ struct hw512_f16 {
   CCLZ_TARGET_V4 static void narrow(u16_u* out, const f32_u* in, std::size_t n) noexcept {
     narrow_f16_512(out, in, n);
   }
+  // One step each of first, middle and last; the loops below run whole
+  // steps with kFull16 and a tail with its mask.
   template <class Op>
-  CCLZ_TARGET_V4 CCLZ_INLINE static void first(float* acc, const P* a, const P* b, std::size_t m) noexcept {
-    for (std::size_t j = 0; j < m; j += 16) {
-      const __mmask16 k = mask16(m - j);
-      _mm512_store_ps(acc + j, vop512<Op>(load_h16(a + j, k), load_h16(b + j, k)));
-    }
+  CCLZ_TARGET_V4 CCLZ_INLINE static void first_step(float* acc, const P* a, const P* b, __mmask16 k) noexcept {
+    _mm512_store_ps(acc, vop512<Op>(load_h16(a, k), load_h16(b, k)));
   }
   template <class Op>
-  CCLZ_TARGET_V4 CCLZ_INLINE static void middle(float* acc, const P* src, std::size_t m) noexcept {
-    for (std::size_t j = 0; j < m; j += 16) {
-      _mm512_store_ps(acc + j, vop512<Op>(_mm512_load_ps(acc + j), load_h16(src + j, mask16(m - j))));
-    }
+  CCLZ_TARGET_V4 CCLZ_INLINE static void middle_step(float* acc, const P* src, __mmask16 k) noexcept {
+    _mm512_store_ps(acc, vop512<Op>(_mm512_load_ps(acc), load_h16(src, k)));
   }
   // Loads each src step before storing the same step of d: d == src is fine.
   template <class Op>
+  CCLZ_TARGET_V4 CCLZ_INLINE static void last_step(P* d, const float* acc, const P* src, __mmask16 k) noexcept {
+    store_h16(d, vop512<Op>(_mm512_load_ps(acc), load_h16(src, k)), k);
+  }
+  template <class Op>
+  CCLZ_TARGET_V4 CCLZ_INLINE static void first(float* acc, const P* a, const P* b, std::size_t m) noexcept {
+    std::size_t j = 0;
+    for (; j + 16 <= m; j += 16) first_step<Op>(acc + j, a + j, b + j, kFull16);
+    if (j < m) first_step<Op>(acc + j, a + j, b + j, mask16(m - j));
+  }
+  template <class Op>
+  CCLZ_TARGET_V4 CCLZ_INLINE static void middle(float* acc, const P* src, std::size_t m) noexcept {
+    std::size_t j = 0;
+    for (; j + 16 <= m; j += 16) middle_step<Op>(acc + j, src + j, kFull16);
+    if (j < m) middle_step<Op>(acc + j, src + j, mask16(m - j));
+  }
+  template <class Op>
   CCLZ_TARGET_V4 CCLZ_INLINE static void last(P* d, const float* acc, const P* src, std::size_t m) noexcept {
-    for (std::size_t j = 0; j < m; j += 16) {
-      const __mmask16 k = mask16(m - j);
-      store_h16(d + j, vop512<Op>(_mm512_load_ps(acc + j), load_h16(src + j, k)), k);
-    }
+    std::size_t j = 0;
+    for (; j + 16 <= m; j += 16) last_step<Op>(d + j, acc + j, src + j, kFull16);
+    if (j < m) last_step<Op>(d + j, acc + j, src + j, mask16(m - j));
   }
 };
 
@@ -808,32 +819,42 @@ struct hw512_bf16 {
     reduce_bf16_512<Op>(d, a, b, n);
   }
   template <class Op>
+  CCLZ_TARGET_V4 CCLZ_INLINE static void first_step(float* acc, const P* a, const P* b, __mmask32 k) noexcept {
+    const __m512i va = load_b32(a, k), vb = load_b32(b, k);
+    _mm512_store_ps(acc, vop512<Op>(bf16_lo512(va), bf16_lo512(vb)));
+    _mm512_store_ps(acc + 16, vop512<Op>(bf16_hi512(va), bf16_hi512(vb)));
+  }
+  template <class Op>
+  CCLZ_TARGET_V4 CCLZ_INLINE static void middle_step(float* acc, const P* src, __mmask32 k) noexcept {
+    const __m512i v = load_b32(src, k);
+    _mm512_store_ps(acc, vop512<Op>(_mm512_load_ps(acc), bf16_lo512(v)));
+    _mm512_store_ps(acc + 16, vop512<Op>(_mm512_load_ps(acc + 16), bf16_hi512(v)));
+  }
+  template <class Op>
+  CCLZ_TARGET_V4 CCLZ_INLINE static void last_step(P* d, const float* acc, const P* src, __mmask32 k) noexcept {
+    const __m512i v = load_b32(src, k);
+    store_b32(d,
+              bf16_pack512(vop512<Op>(_mm512_load_ps(acc), bf16_lo512(v)),
+                           vop512<Op>(_mm512_load_ps(acc + 16), bf16_hi512(v))),
+              k);
+  }
+  template <class Op>
   CCLZ_TARGET_V4 CCLZ_INLINE static void first(float* acc, const P* a, const P* b, std::size_t m) noexcept {
-    for (std::size_t j = 0; j < m; j += 32) {
-      const __mmask32 k = mask32(m - j);
-      const __m512i va = load_b32(a + j, k), vb = load_b32(b + j, k);
-      _mm512_store_ps(acc + j, vop512<Op>(bf16_lo512(va), bf16_lo512(vb)));
-      _mm512_store_ps(acc + j + 16, vop512<Op>(bf16_hi512(va), bf16_hi512(vb)));
-    }
+    std::size_t j = 0;
+    for (; j + 32 <= m; j += 32) first_step<Op>(acc + j, a + j, b + j, kFull32);
+    if (j < m) first_step<Op>(acc + j, a + j, b + j, mask32(m - j));
   }
   template <class Op>
   CCLZ_TARGET_V4 CCLZ_INLINE static void middle(float* acc, const P* src, std::size_t m) noexcept {
-    for (std::size_t j = 0; j < m; j += 32) {
-      const __m512i v = load_b32(src + j, mask32(m - j));
-      _mm512_store_ps(acc + j, vop512<Op>(_mm512_load_ps(acc + j), bf16_lo512(v)));
-      _mm512_store_ps(acc + j + 16, vop512<Op>(_mm512_load_ps(acc + j + 16), bf16_hi512(v)));
-    }
+    std::size_t j = 0;
+    for (; j + 32 <= m; j += 32) middle_step<Op>(acc + j, src + j, kFull32);
+    if (j < m) middle_step<Op>(acc + j, src + j, mask32(m - j));
   }
   template <class Op>
   CCLZ_TARGET_V4 CCLZ_INLINE static void last(P* d, const float* acc, const P* src, std::size_t m) noexcept {
-    for (std::size_t j = 0; j < m; j += 32) {
-      const __mmask32 k = mask32(m - j);
-      const __m512i v = load_b32(src + j, k);
-      store_b32(d + j,
-                bf16_pack512(vop512<Op>(_mm512_load_ps(acc + j), bf16_lo512(v)),
-                             vop512<Op>(_mm512_load_ps(acc + j + 16), bf16_hi512(v))),
-                k);
-    }
+    std::size_t j = 0;
+    for (; j + 32 <= m; j += 32) last_step<Op>(d + j, acc + j, src + j, kFull32);
+    if (j < m) last_step<Op>(d + j, acc + j, src + j, mask32(m - j));
   }
 };
 static_assert(kBlock % 32 == 0, "a partial 512-bit step must stay inside the accumulator");
