@@ -20,7 +20,7 @@
 // (f32, integers: load/store bound) and risks AVX-512 down-clocking on older
 // Xeons, so the avx512 variant keeps the AVX2 code for those and moves only
 // f16/bf16 to 512-bit vectors: their conversions are the bottleneck in cache,
-// and twice the lanes per instruction ran 1.6x (f16) and 1.75x (bf16) faster
+// and twice the lanes per instruction ran 1.5x (f16) and 1.65x (bf16) faster
 // at 4-256 KiB, no slower from memory. Element pointers use aligned(1)
 // types: any byte offset is valid.
 // The kernels rely on GCC's loop vectoriser. At -O3 (the release buildtype)
