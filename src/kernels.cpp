@@ -262,14 +262,20 @@ struct widened {
 // kind allowed) there is no dependence between iterations, which is what
 // `ivdep` asserts: GCC then vectorises without the overlap check that would
 // send dst == a down a scalar fallback.
-template <class T, class Elem>
-CCLZ_INLINE void reduce_loops(void* dst, const void* a, const void* b, std::size_t n) noexcept {
+// With kCopy each result is stored to `copy` too (reduce_many_copy).
+template <class T, class Elem, bool kCopy>
+CCLZ_INLINE void reduce_loops(void* dst, void* copy, const void* a, const void* b, std::size_t n) noexcept {
   using P = unaligned_t<T>;
   P* d = static_cast<P*>(dst);
+  P* c = static_cast<P*>(copy);
   const P* pa = static_cast<const P*>(a);
   const P* pb = static_cast<const P*>(b);
 #pragma GCC ivdep
-  for (std::size_t i = 0; i < n; ++i) d[i] = Elem::apply(T(pa[i]), T(pb[i]));
+  for (std::size_t i = 0; i < n; ++i) {
+    const T r = Elem::apply(T(pa[i]), T(pb[i]));
+    d[i] = r;
+    if constexpr (kCopy) c[i] = r;
+  }
 }
 
 // Block conversions in plain code (vectorised by the compiler).
@@ -310,26 +316,44 @@ CCLZ_TARGET_V3 CCLZ_INLINE __m256 load_h8(const u16_u* p) noexcept {
 CCLZ_TARGET_V3 CCLZ_INLINE void store_h8(u16_u* p, __m256 v) noexcept {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+// store_h8 to d, and with kCopy to c as well (one conversion).
+template <bool kCopy>
+CCLZ_TARGET_V3 CCLZ_INLINE void put_h8(u16_u* d, u16_u* c, __m256 v) noexcept {
+  if constexpr (kCopy) {
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c), h);
+  } else {
+    store_h8(d, v);
+  }
+}
+// A scalar tail's result, to d and with kCopy to c.
+template <bool kCopy>
+CCLZ_INLINE void put_u16(u16_u* d, u16_u* c, std::uint16_t r) noexcept {
+  *d = r;
+  if constexpr (kCopy) *c = r;
+}
 
 // Each step loads its a and b lanes before it stores the same lanes of d, so
 // exact aliasing needs no special case here. Two vectors per step give the
 // out-of-order core independent convert chains to overlap.
-template <class Op>
-CCLZ_TARGET_V3 void reduce_f16c(void* dst, const void* a, const void* b, std::size_t n) noexcept {
+template <class Op, bool kCopy>
+CCLZ_TARGET_V3 void reduce_f16c(void* dst, void* copy, const void* a, const void* b, std::size_t n) noexcept {
   u16_u* d = static_cast<u16_u*>(dst);
+  u16_u* c = static_cast<u16_u*>(copy);
   const u16_u* pa = static_cast<const u16_u*>(a);
   const u16_u* pb = static_cast<const u16_u*>(b);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256 r0 = vop<Op>(load_h8(pa + i), load_h8(pb + i));
     const __m256 r1 = vop<Op>(load_h8(pa + i + 8), load_h8(pb + i + 8));
-    store_h8(d + i, r0);
-    store_h8(d + i + 8, r1);
+    put_h8<kCopy>(d + i, c + i, r0);
+    put_h8<kCopy>(d + i + 8, c + i + 8, r1);
   }
-  for (; i + 8 <= n; i += 8) store_h8(d + i, vop<Op>(load_h8(pa + i), load_h8(pb + i)));
+  for (; i + 8 <= n; i += 8) put_h8<kCopy>(d + i, c + i, vop<Op>(load_h8(pa + i), load_h8(pb + i)));
   for (; i < n; ++i) {
     const std::uint16_t x = pa[i], y = pb[i];
-    d[i] = widened<conv_f16, Op>::apply(x, y);
+    put_u16<kCopy>(d + i, c + i, widened<conv_f16, Op>::apply(x, y));
   }
 }
 
@@ -377,19 +401,22 @@ CCLZ_TARGET_V3 CCLZ_INLINE void store_i256(u16_u* p, __m256i v) noexcept {
 }
 
 // Loads before stores within each step: exact aliasing is fine.
-template <class Op>
-CCLZ_TARGET_V3 void reduce_bf16_avx2(void* dst, const void* a, const void* b, std::size_t n) noexcept {
+template <class Op, bool kCopy>
+CCLZ_TARGET_V3 void reduce_bf16_avx2(void* dst, void* copy, const void* a, const void* b, std::size_t n) noexcept {
   u16_u* d = static_cast<u16_u*>(dst);
+  u16_u* c = static_cast<u16_u*>(copy);
   const u16_u* pa = static_cast<const u16_u*>(a);
   const u16_u* pb = static_cast<const u16_u*>(b);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i va = load_i256(pa + i), vb = load_i256(pb + i);
-    store_i256(d + i, bf16_pack(vop<Op>(bf16_lo(va), bf16_lo(vb)), vop<Op>(bf16_hi(va), bf16_hi(vb))));
+    const __m256i r = bf16_pack(vop<Op>(bf16_lo(va), bf16_lo(vb)), vop<Op>(bf16_hi(va), bf16_hi(vb)));
+    store_i256(d + i, r);
+    if constexpr (kCopy) store_i256(c + i, r);
   }
   for (; i < n; ++i) {
     const std::uint16_t x = pa[i], y = pb[i];
-    d[i] = widened<conv_bf16, Op>::apply(x, y);
+    put_u16<kCopy>(d + i, c + i, widened<conv_bf16, Op>::apply(x, y));
   }
 }
 
@@ -444,24 +471,34 @@ CCLZ_TARGET_V4 CCLZ_INLINE __mmask32 mask32(std::size_t left) noexcept {
   return static_cast<__mmask32>((1u << left) - 1u);
 }
 
-template <class Op>
-CCLZ_TARGET_V4 CCLZ_INLINE void reduce_f16_step(u16_u* d, const u16_u* a, const u16_u* b, __mmask16 m) noexcept {
-  store_h16(d, vop512<Op>(load_h16(a, m), load_h16(b, m)), m);
+// With kCopy the step stores its result to c too (converted once).
+template <class Op, bool kCopy>
+CCLZ_TARGET_V4 CCLZ_INLINE void reduce_f16_step(u16_u* d, u16_u* c, const u16_u* a, const u16_u* b,
+                                                __mmask16 m) noexcept {
+  const __m512 r = vop512<Op>(load_h16(a, m), load_h16(b, m));
+  if constexpr (kCopy) {
+    const __m256i h = _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_mask_storeu_epi16(d, m, h);
+    _mm256_mask_storeu_epi16(c, m, h);
+  } else {
+    store_h16(d, r, m);
+  }
 }
 
-template <class Op>
-CCLZ_TARGET_V4 void reduce_f16_512(void* dst, const void* a, const void* b, std::size_t n) noexcept {
+template <class Op, bool kCopy>
+CCLZ_TARGET_V4 void reduce_f16_512(void* dst, void* copy, const void* a, const void* b, std::size_t n) noexcept {
   u16_u* d = static_cast<u16_u*>(dst);
+  u16_u* c = static_cast<u16_u*>(copy);
   const u16_u* pa = static_cast<const u16_u*>(a);
   const u16_u* pb = static_cast<const u16_u*>(b);
   std::size_t i = 0;
   // Two steps per iteration ran 1.2x faster in the cache than one.
   for (; i + 32 <= n; i += 32) {
-    reduce_f16_step<Op>(d + i, pa + i, pb + i, kFull16);
-    reduce_f16_step<Op>(d + i + 16, pa + i + 16, pb + i + 16, kFull16);
+    reduce_f16_step<Op, kCopy>(d + i, c + i, pa + i, pb + i, kFull16);
+    reduce_f16_step<Op, kCopy>(d + i + 16, c + i + 16, pa + i + 16, pb + i + 16, kFull16);
   }
-  for (; i + 16 <= n; i += 16) reduce_f16_step<Op>(d + i, pa + i, pb + i, kFull16);
-  if (i < n) reduce_f16_step<Op>(d + i, pa + i, pb + i, mask16(n - i));
+  for (; i + 16 <= n; i += 16) reduce_f16_step<Op, kCopy>(d + i, c + i, pa + i, pb + i, kFull16);
+  if (i < n) reduce_f16_step<Op, kCopy>(d + i, c + i, pa + i, pb + i, mask16(n - i));
 }
 
 CCLZ_TARGET_V4 CCLZ_INLINE void widen_step(f32_u* out, const u16_u* in, __mmask16 m) noexcept {
@@ -514,20 +551,25 @@ CCLZ_TARGET_V4 CCLZ_INLINE void store_b32(u16_u* p, __m512i v, __mmask32 mask) n
   _mm512_mask_storeu_epi16(p, mask, v);
 }
 
-template <class Op>
-CCLZ_TARGET_V4 CCLZ_INLINE void reduce_bf16_step(u16_u* d, const u16_u* a, const u16_u* b, __mmask32 m) noexcept {
+template <class Op, bool kCopy>
+CCLZ_TARGET_V4 CCLZ_INLINE void reduce_bf16_step(u16_u* d, u16_u* c, const u16_u* a, const u16_u* b,
+                                                 __mmask32 m) noexcept {
   const __m512i va = load_b32(a, m), vb = load_b32(b, m);
-  store_b32(d, bf16_pack512(vop512<Op>(bf16_lo512(va), bf16_lo512(vb)), vop512<Op>(bf16_hi512(va), bf16_hi512(vb))), m);
+  const __m512i r =
+      bf16_pack512(vop512<Op>(bf16_lo512(va), bf16_lo512(vb)), vop512<Op>(bf16_hi512(va), bf16_hi512(vb)));
+  store_b32(d, r, m);
+  if constexpr (kCopy) store_b32(c, r, m);
 }
 
-template <class Op>
-CCLZ_TARGET_V4 void reduce_bf16_512(void* dst, const void* a, const void* b, std::size_t n) noexcept {
+template <class Op, bool kCopy>
+CCLZ_TARGET_V4 void reduce_bf16_512(void* dst, void* copy, const void* a, const void* b, std::size_t n) noexcept {
   u16_u* d = static_cast<u16_u*>(dst);
+  u16_u* c = static_cast<u16_u*>(copy);
   const u16_u* pa = static_cast<const u16_u*>(a);
   const u16_u* pb = static_cast<const u16_u*>(b);
   std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) reduce_bf16_step<Op>(d + i, pa + i, pb + i, kFull32);
-  if (i < n) reduce_bf16_step<Op>(d + i, pa + i, pb + i, mask32(n - i));
+  for (; i + 32 <= n; i += 32) reduce_bf16_step<Op, kCopy>(d + i, c + i, pa + i, pb + i, kFull32);
+  if (i < n) reduce_bf16_step<Op, kCopy>(d + i, c + i, pa + i, pb + i, mask32(n - i));
 }
 
 #pragma GCC diagnostic pop
@@ -587,7 +629,8 @@ struct soft_many {
 };
 
 // The block loop, for k >= 3 sources (two go to the pairwise reduce, whose
-// result is the same). Pol supplies first, middle and last.
+// result is the same). Pol supplies first, middle and last. copy, when not
+// null, gets every block's result too.
 #define CCLZ_MANY_BLOCKS_BODY                                                                               \
   using P = typename Pol::P;                                                                               \
   alignas(64) A acc[kBlock];                                                                               \
@@ -604,21 +647,23 @@ struct soft_many {
       Pol::template middle<Op>(acc, src, m);                                                               \
     }                                                                                                      \
     Pol::template last<Op>(static_cast<P*>(dst) + off, acc, static_cast<const P*>(srcs[k - 1]) + off, m);  \
+    /* The block is in L1: a second output costs a copy from there. */                                     \
+    if (copy != nullptr) std::memcpy(static_cast<P*>(copy) + off, static_cast<const P*>(dst) + off, m * sizeof(P)); \
   }
 
 template <class Pol, class A, class Op>
-CCLZ_INLINE void many_blocks(void* dst, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+CCLZ_INLINE void many_blocks(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
   CCLZ_MANY_BLOCKS_BODY
 }
 #ifdef CCLZ_KERNELS_X86
 // The same loop compiled for AVX2, so that the F16C/AVX2 steps inline into it
 // (a generic-target loop could only call them, once per step).
 template <class Pol, class A, class Op>
-CCLZ_TARGET_V3 void many_blocks_v3(void* dst, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+CCLZ_TARGET_V3 void many_blocks_v3(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
   CCLZ_MANY_BLOCKS_BODY
 }
 template <class Pol, class A, class Op>
-CCLZ_TARGET_V4 void many_blocks_v4(void* dst, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+CCLZ_TARGET_V4 void many_blocks_v4(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
   CCLZ_MANY_BLOCKS_BODY
 }
 #endif
@@ -628,24 +673,24 @@ using plain_policy = soft_many<T, T, conv_identity<T>>;
 
 struct soft_bf16 : soft_many<std::uint16_t, float, conv_bf16> {
   template <class Op>
-  CCLZ_INLINE static void many(void* dst, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
-    many_blocks<soft_bf16, float, Op>(dst, srcs, k, n);
+  CCLZ_INLINE static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+    many_blocks<soft_bf16, float, Op>(dst, copy, srcs, k, n);
   }
-  template <class Op>
-  CCLZ_INLINE static void reduce(void* d, const void* a, const void* b, std::size_t n) noexcept {
-    reduce_loops<std::uint16_t, widened<conv_bf16, Op>>(d, a, b, n);
+  template <class Op, bool kCopy>
+  CCLZ_INLINE static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
+    reduce_loops<std::uint16_t, widened<conv_bf16, Op>, kCopy>(d, c, a, b, n);
   }
 };
 
 // f16 policies: pairwise reduce, the n-input steps, and bulk conversions.
 struct soft_f16 : soft_many<std::uint16_t, float, conv_f16> {
   template <class Op>
-  CCLZ_INLINE static void many(void* dst, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
-    many_blocks<soft_f16, float, Op>(dst, srcs, k, n);
+  CCLZ_INLINE static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+    many_blocks<soft_f16, float, Op>(dst, copy, srcs, k, n);
   }
-  template <class Op>
-  CCLZ_INLINE static void reduce(void* d, const void* a, const void* b, std::size_t n) noexcept {
-    reduce_loops<std::uint16_t, widened<conv_f16, Op>>(d, a, b, n);
+  template <class Op, bool kCopy>
+  CCLZ_INLINE static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
+    reduce_loops<std::uint16_t, widened<conv_f16, Op>, kCopy>(d, c, a, b, n);
   }
   CCLZ_INLINE static void widen(f32_u* out, const u16_u* in, std::size_t n) noexcept {
     widen_soft_u<conv_f16>(out, in, n);
@@ -661,12 +706,12 @@ struct soft_f16 : soft_many<std::uint16_t, float, conv_f16> {
 struct hw_f16 {
   using P = u16_u;
   template <class Op>
-  CCLZ_TARGET_V3 static void many(void* dst, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
-    many_blocks_v3<hw_f16, float, Op>(dst, srcs, k, n);
+  CCLZ_TARGET_V3 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+    many_blocks_v3<hw_f16, float, Op>(dst, copy, srcs, k, n);
   }
-  template <class Op>
-  CCLZ_TARGET_V3 static void reduce(void* d, const void* a, const void* b, std::size_t n) noexcept {
-    reduce_f16c<Op>(d, a, b, n);
+  template <class Op, bool kCopy>
+  CCLZ_TARGET_V3 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
+    reduce_f16c<Op, kCopy>(d, c, a, b, n);
   }
   CCLZ_TARGET_V3 static void widen(f32_u* out, const u16_u* in, std::size_t n) noexcept {
     widen_f16c(out, in, n);
@@ -707,12 +752,12 @@ struct hw_f16 {
 struct hw_bf16 {
   using P = u16_u;
   template <class Op>
-  CCLZ_TARGET_V3 static void many(void* dst, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
-    many_blocks_v3<hw_bf16, float, Op>(dst, srcs, k, n);
+  CCLZ_TARGET_V3 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+    many_blocks_v3<hw_bf16, float, Op>(dst, copy, srcs, k, n);
   }
-  template <class Op>
-  CCLZ_TARGET_V3 static void reduce(void* d, const void* a, const void* b, std::size_t n) noexcept {
-    reduce_bf16_avx2<Op>(d, a, b, n);
+  template <class Op, bool kCopy>
+  CCLZ_TARGET_V3 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
+    reduce_bf16_avx2<Op, kCopy>(d, c, a, b, n);
   }
   template <class Op>
   CCLZ_TARGET_V3 CCLZ_INLINE static void first(float* acc, const P* a, const P* b, std::size_t m) noexcept {
@@ -758,12 +803,12 @@ struct hw_bf16 {
 struct hw512_f16 {
   using P = u16_u;
   template <class Op>
-  CCLZ_TARGET_V4 static void many(void* dst, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
-    many_blocks_v4<hw512_f16, float, Op>(dst, srcs, k, n);
+  CCLZ_TARGET_V4 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+    many_blocks_v4<hw512_f16, float, Op>(dst, copy, srcs, k, n);
   }
-  template <class Op>
-  CCLZ_TARGET_V4 static void reduce(void* d, const void* a, const void* b, std::size_t n) noexcept {
-    reduce_f16_512<Op>(d, a, b, n);
+  template <class Op, bool kCopy>
+  CCLZ_TARGET_V4 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
+    reduce_f16_512<Op, kCopy>(d, c, a, b, n);
   }
   CCLZ_TARGET_V4 static void widen(f32_u* out, const u16_u* in, std::size_t n) noexcept {
     widen_f16_512(out, in, n);
@@ -810,12 +855,12 @@ struct hw512_f16 {
 struct hw512_bf16 {
   using P = u16_u;
   template <class Op>
-  CCLZ_TARGET_V4 static void many(void* dst, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
-    many_blocks_v4<hw512_bf16, float, Op>(dst, srcs, k, n);
+  CCLZ_TARGET_V4 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+    many_blocks_v4<hw512_bf16, float, Op>(dst, copy, srcs, k, n);
   }
-  template <class Op>
-  CCLZ_TARGET_V4 static void reduce(void* d, const void* a, const void* b, std::size_t n) noexcept {
-    reduce_bf16_512<Op>(d, a, b, n);
+  template <class Op, bool kCopy>
+  CCLZ_TARGET_V4 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
+    reduce_bf16_512<Op, kCopy>(d, c, a, b, n);
   }
   template <class Op>
   CCLZ_TARGET_V4 CCLZ_INLINE static void first_step(float* acc, const P* a, const P* b, __mmask32 k) noexcept {
@@ -875,60 +920,61 @@ struct hw512_halves {
 };
 #endif
 
-template <class H, class Op>
-CCLZ_INLINE void reduce_op(void* dst, const void* a, const void* b, std::size_t n, DataType dt) noexcept {
+template <class H, class Op, bool kCopy>
+CCLZ_INLINE void reduce_op(void* dst, void* copy, const void* a, const void* b, std::size_t n, DataType dt) noexcept {
   switch (dt) {
-    case DataType::f32: return reduce_loops<float, Op>(dst, a, b, n);
-    case DataType::f64: return reduce_loops<double, Op>(dst, a, b, n);
-    case DataType::i8: return reduce_loops<std::int8_t, Op>(dst, a, b, n);
-    case DataType::u8: return reduce_loops<std::uint8_t, Op>(dst, a, b, n);
-    case DataType::i32: return reduce_loops<std::int32_t, Op>(dst, a, b, n);
-    case DataType::i64: return reduce_loops<std::int64_t, Op>(dst, a, b, n);
-    case DataType::f16: return H::f16::template reduce<Op>(dst, a, b, n);
-    case DataType::bf16: return H::bf16::template reduce<Op>(dst, a, b, n);
+    case DataType::f32: return reduce_loops<float, Op, kCopy>(dst, copy, a, b, n);
+    case DataType::f64: return reduce_loops<double, Op, kCopy>(dst, copy, a, b, n);
+    case DataType::i8: return reduce_loops<std::int8_t, Op, kCopy>(dst, copy, a, b, n);
+    case DataType::u8: return reduce_loops<std::uint8_t, Op, kCopy>(dst, copy, a, b, n);
+    case DataType::i32: return reduce_loops<std::int32_t, Op, kCopy>(dst, copy, a, b, n);
+    case DataType::i64: return reduce_loops<std::int64_t, Op, kCopy>(dst, copy, a, b, n);
+    case DataType::f16: return H::f16::template reduce<Op, kCopy>(dst, copy, a, b, n);
+    case DataType::bf16: return H::bf16::template reduce<Op, kCopy>(dst, copy, a, b, n);
   }
 }
 
-template <class H>
-CCLZ_INLINE void reduce_any(void* dst, const void* a, const void* b, std::size_t n, DataType dt,
+template <class H, bool kCopy>
+CCLZ_INLINE void reduce_any(void* dst, void* copy, const void* a, const void* b, std::size_t n, DataType dt,
                             ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::sum: return reduce_op<H, op_sum>(dst, a, b, n, dt);
-    case ReduceOp::prod: return reduce_op<H, op_prod>(dst, a, b, n, dt);
-    case ReduceOp::min: return reduce_op<H, op_min>(dst, a, b, n, dt);
-    case ReduceOp::max: return reduce_op<H, op_max>(dst, a, b, n, dt);
+    case ReduceOp::sum: return reduce_op<H, op_sum, kCopy>(dst, copy, a, b, n, dt);
+    case ReduceOp::prod: return reduce_op<H, op_prod, kCopy>(dst, copy, a, b, n, dt);
+    case ReduceOp::min: return reduce_op<H, op_min, kCopy>(dst, copy, a, b, n, dt);
+    case ReduceOp::max: return reduce_op<H, op_max, kCopy>(dst, copy, a, b, n, dt);
     case ReduceOp::avg: return;
   }
 }
 
 template <class H, class Op>
-CCLZ_INLINE void many_op(void* dst, const void* const* srcs, std::size_t k, std::size_t n, DataType dt) noexcept {
+CCLZ_INLINE void many_op(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n, DataType dt) noexcept {
   switch (dt) {
-    case DataType::f32: return many_blocks<plain_policy<float>, float, Op>(dst, srcs, k, n);
-    case DataType::f64: return many_blocks<plain_policy<double>, double, Op>(dst, srcs, k, n);
-    case DataType::i8: return many_blocks<plain_policy<std::int8_t>, std::int8_t, Op>(dst, srcs, k, n);
-    case DataType::u8: return many_blocks<plain_policy<std::uint8_t>, std::uint8_t, Op>(dst, srcs, k, n);
-    case DataType::i32: return many_blocks<plain_policy<std::int32_t>, std::int32_t, Op>(dst, srcs, k, n);
-    case DataType::i64: return many_blocks<plain_policy<std::int64_t>, std::int64_t, Op>(dst, srcs, k, n);
-    case DataType::f16: return H::f16::template many<Op>(dst, srcs, k, n);
-    case DataType::bf16: return H::bf16::template many<Op>(dst, srcs, k, n);
+    case DataType::f32: return many_blocks<plain_policy<float>, float, Op>(dst, copy, srcs, k, n);
+    case DataType::f64: return many_blocks<plain_policy<double>, double, Op>(dst, copy, srcs, k, n);
+    case DataType::i8: return many_blocks<plain_policy<std::int8_t>, std::int8_t, Op>(dst, copy, srcs, k, n);
+    case DataType::u8: return many_blocks<plain_policy<std::uint8_t>, std::uint8_t, Op>(dst, copy, srcs, k, n);
+    case DataType::i32: return many_blocks<plain_policy<std::int32_t>, std::int32_t, Op>(dst, copy, srcs, k, n);
+    case DataType::i64: return many_blocks<plain_policy<std::int64_t>, std::int64_t, Op>(dst, copy, srcs, k, n);
+    case DataType::f16: return H::f16::template many<Op>(dst, copy, srcs, k, n);
+    case DataType::bf16: return H::bf16::template many<Op>(dst, copy, srcs, k, n);
   }
 }
 
 template <class H>
-CCLZ_INLINE void many_any(void* dst, const void* const* srcs, std::size_t k, std::size_t n, DataType dt,
+CCLZ_INLINE void many_any(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n, DataType dt,
                           ReduceOp op) noexcept {
   const std::size_t es = dtype_size(dt);
   if (k == 0 || es == 0 || n == 0) return;
   if (k == 1) {
     if (dst != srcs[0]) std::memmove(dst, srcs[0], n * es);
+    if (copy != nullptr && copy != srcs[0]) std::memmove(copy, srcs[0], n * es);
     return;
   }
   switch (op) {
-    case ReduceOp::sum: return many_op<H, op_sum>(dst, srcs, k, n, dt);
-    case ReduceOp::prod: return many_op<H, op_prod>(dst, srcs, k, n, dt);
-    case ReduceOp::min: return many_op<H, op_min>(dst, srcs, k, n, dt);
-    case ReduceOp::max: return many_op<H, op_max>(dst, srcs, k, n, dt);
+    case ReduceOp::sum: return many_op<H, op_sum>(dst, copy, srcs, k, n, dt);
+    case ReduceOp::prod: return many_op<H, op_prod>(dst, copy, srcs, k, n, dt);
+    case ReduceOp::min: return many_op<H, op_min>(dst, copy, srcs, k, n, dt);
+    case ReduceOp::max: return many_op<H, op_max>(dst, copy, srcs, k, n, dt);
     case ReduceOp::avg: return;
   }
 }
@@ -940,12 +986,15 @@ CCLZ_INLINE void many_any(void* dst, const void* const* srcs, std::size_t k, std
   namespace NS {                                                                                           \
   [[gnu::noinline]] ATTR void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt,  \
                                      ReduceOp op) noexcept {                                               \
-    reduce_any<H>(dst, a, b, n, dt, op);                                                                   \
+    reduce_any<H, false>(dst, nullptr, a, b, n, dt, op);                                                   \
   }                                                                                                        \
-  ATTR void reduce_many(void* dst, const void* const* srcs, std::size_t k, std::size_t n, DataType dt,     \
-                        ReduceOp op) noexcept {                                                            \
-    if (k == 2) return reduce(dst, srcs[0], srcs[1], n, dt, op); /* same result, no second copy */         \
-    many_any<H>(dst, srcs, k, n, dt, op);                                                                  \
+  ATTR void reduce_many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n,      \
+                        DataType dt, ReduceOp op) noexcept {                                               \
+    if (k == 2) { /* the pairwise reduce: same result, no accumulator */                                   \
+      if (copy == nullptr) return reduce(dst, srcs[0], srcs[1], n, dt, op);                                \
+      return reduce_any<H, true>(dst, copy, srcs[0], srcs[1], n, dt, op);                                  \
+    }                                                                                                      \
+    many_any<H>(dst, copy, srcs, k, n, dt, op);                                                            \
   }                                                                                                        \
   ATTR void half_to_float(const std::uint16_t* src, float* dst, std::size_t n) noexcept {                  \
     H::f16::widen(reinterpret_cast<f32_u*>(dst), reinterpret_cast<const u16_u*>(src), n);                  \
@@ -1074,7 +1123,12 @@ void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType
 
 void reduce_many(void* dst, std::span<const void* const> srcs, std::size_t count, DataType dt,
                  ReduceOp op) noexcept {
-  best_variant().reduce_many(dst, srcs.data(), srcs.size(), count, dt, op);
+  best_variant().reduce_many(dst, nullptr, srcs.data(), srcs.size(), count, dt, op);
+}
+
+void reduce_many_copy(void* dst, void* copy, std::span<const void* const> srcs, std::size_t count, DataType dt,
+                      ReduceOp op) noexcept {
+  best_variant().reduce_many(dst, copy, srcs.data(), srcs.size(), count, dt, op);
 }
 
 void divide(void* dst, std::size_t count, DataType dt, int divisor) noexcept {

@@ -648,26 +648,41 @@ TEST(KernelsReduceMany, FoldsEveryDtypeOpAndAlias) {
                                 std::size_t{2049}}) {
             // alias: -1 = dst separate, otherwise dst == srcs[alias]
             for (int alias : {-1, 0, static_cast<int>(k) - 1, static_cast<int>(k / 2)}) {
-              SCOPED_TRACE(std::string(kernels::isa_name(v->isa)) + " " + cclz::dtype_name(dt) + " " +
-                           cclz::op_name(op) + " k=" + std::to_string(k) + " n=" + std::to_string(n) +
-                           " alias=" + std::to_string(alias));
-              std::vector<std::vector<unsigned char>> in(k, std::vector<unsigned char>(n * es));
-              const std::size_t span = n * es + 32;
-              std::vector<unsigned char> arena((k + 1) * span, 0xa5);
-              std::vector<const void*> ptrs(k);
-              for (std::size_t s = 0; s < k; ++s) {
-                fill_random(dt, in[s].data(), n, rng);
-                unsigned char* p = arena.data() + s * span + (s % 3);  // mixed misalignment
-                copy_bytes(p, in[s].data(), n * es);
-                ptrs[s] = p;
-              }
-              unsigned char* d = arena.data() + k * span + 1;
-              if (alias >= 0) d = const_cast<unsigned char*>(static_cast<const unsigned char*>(ptrs[alias]));
-              v->reduce_many(d, ptrs.data(), k, n, dt, op);
-              if (k == 1) {  // a plain copy, NaN payloads and all
-                ASSERT_TRUE(n == 0 || std::memcmp(d, in[0].data(), n * es) == 0);
-              } else {
-                ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
+              // copy: none, a buffer of its own, or (as a peer's buffer in
+              // place) exactly another source than dst's.
+              for (int copy_mode : {-2, -1, 0}) {
+                const int copy_src = alias < 0 ? 0 : (alias + 1) % static_cast<int>(k);
+                if (copy_mode == 0 && copy_src == alias) continue;
+                SCOPED_TRACE(std::string(kernels::isa_name(v->isa)) + " " + cclz::dtype_name(dt) + " " +
+                             cclz::op_name(op) + " k=" + std::to_string(k) + " n=" + std::to_string(n) +
+                             " alias=" + std::to_string(alias) + " copy=" +
+                             (copy_mode == -2 ? "none" : copy_mode == -1 ? "own" : std::to_string(copy_src)));
+                std::vector<std::vector<unsigned char>> in(k, std::vector<unsigned char>(n * es));
+                const std::size_t span = n * es + 32;
+                std::vector<unsigned char> arena((k + 2) * span, 0xa5);
+                std::vector<const void*> ptrs(k);
+                for (std::size_t s = 0; s < k; ++s) {
+                  fill_random(dt, in[s].data(), n, rng);
+                  unsigned char* p = arena.data() + s * span + (s % 3);  // mixed misalignment
+                  copy_bytes(p, in[s].data(), n * es);
+                  ptrs[s] = p;
+                }
+                unsigned char* d = arena.data() + k * span + 1;
+                if (alias >= 0) d = const_cast<unsigned char*>(static_cast<const unsigned char*>(ptrs[alias]));
+                unsigned char* c = copy_mode == -2   ? nullptr
+                                   : copy_mode == -1 ? arena.data() + (k + 1) * span + 2
+                                                     : const_cast<unsigned char*>(
+                                                           static_cast<const unsigned char*>(ptrs[copy_src]));
+                v->reduce_many(d, c, ptrs.data(), k, n, dt, op);
+                if (k == 1) {  // a plain copy, NaN payloads and all
+                  ASSERT_TRUE(n == 0 || std::memcmp(d, in[0].data(), n * es) == 0);
+                } else {
+                  ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
+                }
+                if (c != nullptr) {  // the same bytes, and nothing past them
+                  ASSERT_TRUE(n == 0 || std::memcmp(c, d, n * es) == 0);
+                  for (std::size_t g = 0; g < 16; ++g) ASSERT_EQ(c[n * es + g], 0xa5) << "byte " << g << " past copy";
+                }
               }
             }
           }
