@@ -96,9 +96,9 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const std::size_t B = std::max(line, kPushBlockBytes / es / line * line);
   // The result goes to the next rank's output in the reduce's own pass
   // (reduce_many_copy), to the other peers' by a copy from L1. No streaming
-  // stores: in place, the peer's lines were just read into this cache, and
-  // streaming them out made 2-rank in-place calls of 16-64 MB 1.4-1.9x
-  // slower in cclz-perf.
+  // stores: in place, the peer's lines were just read into this cache (a
+  // streamed copy after the reduce took 1.4-1.9x as long for 2-rank
+  // in-place calls of 16-64 MB in cclz-perf).
   const int next = (me + 1) % n;
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
   for (std::size_t o = 0; o < m; o += B) {
