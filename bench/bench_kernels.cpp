@@ -6,7 +6,8 @@
 //
 // Bytes processed (so "bytes_per_second" is a bandwidth) count every stream
 // that touches memory: reduce = 3 x buffer (read a, read b, write dst),
-// memcpy = 2 x buffer (read, write), reduce_many over k inputs = (k + 1) x
+// memcpy = 2 x buffer (read, write), two inputs into two outputs = 4 x
+// buffer, reduce_many over k inputs = (k + 1) x
 // buffer, a chain of k - 1 reduce() calls = 3 (k - 1) x buffer, a conversion
 // = input + output bytes. Equal GB/s for reduce and memcpy therefore means
 // the kernel runs at copy bandwidth. Cost: ~1-2 minutes for the whole set;
@@ -171,6 +172,30 @@ void bm_many(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * streams * static_cast<std::int64_t>(bytes));
 }
 
+// Two inputs into two outputs (the direct all-reduce's own and next rank's
+// output): reduce_many_copy's one pass against reduce() and a memcpy.
+void bm_two_outputs(benchmark::State& st, DataType dt, std::size_t bytes, bool fused) {
+  Arena arena(4, bytes);
+  fill(arena.stream(0), bytes, dt, 1);
+  fill(arena.stream(1), bytes, dt, 2);
+  const void* srcs[] = {arena.stream(0), arena.stream(1)};
+  unsigned char* d = arena.stream(2);
+  unsigned char* c = arena.stream(3);
+  const std::size_t count = bytes / cclz::dtype_size(dt);
+  for (auto _ : st) {
+    if (fused) {
+      kernels::reduce_many_copy(d, c, srcs, count, dt, ReduceOp::sum);
+    } else {
+      kernels::reduce(d, srcs[0], srcs[1], count, dt, ReduceOp::sum);
+      std::memcpy(c, d, bytes);
+    }
+    benchmark::DoNotOptimize(d);
+    benchmark::DoNotOptimize(c);
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 4 * static_cast<std::int64_t>(bytes));
+}
+
 // bytes = size of the f32 side; the 16-bit side is half of it.
 void bm_convert(benchmark::State& st, const kernels::Variant* v, bool bf16, bool to_float, std::size_t bytes) {
   const std::size_t n = bytes / 4;
@@ -234,6 +259,11 @@ void register_all() {
         const std::string name = std::string(fused ? "reduce_many/" : "reduce_chain/") + cclz::dtype_name(dt) +
                                  "/sum/k4/" + size_name(bytes);
         benchmark::RegisterBenchmark(name.c_str(), bm_many, dt, std::size_t{4}, bytes, fused);
+      }
+      for (bool fused : {true, false}) {
+        const std::string name = std::string(fused ? "reduce_many_copy/" : "reduce_then_copy/") +
+                                 cclz::dtype_name(dt) + "/sum/" + size_name(bytes);
+        benchmark::RegisterBenchmark(name.c_str(), bm_two_outputs, dt, bytes, fused);
       }
     }
   }
