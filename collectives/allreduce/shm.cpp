@@ -94,21 +94,27 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const shm::Shares sh{a.count, line, n};
   const std::size_t first = sh.off(me), m = sh.size(me);
   const std::size_t B = std::max(line, kPushBlockBytes / es / line * line);
-  // The result goes to the next rank's output in the reduce's own pass
-  // (reduce_many_copy), to the other peers' by a copy from L1. No streaming
-  // stores: in place, the peer's lines were just read into this cache (a
-  // streamed copy after the reduce took 1.4-1.9x as long for 2-rank
-  // in-place calls of 16-64 MB in cclz-perf).
-  const int next = (me + 1) % n;
+  // Two ranks: the result goes to the peer's output in the reduce's own pass
+  // (reduce_many_copy stores each vector twice), with ordinary stores: in
+  // place, the peer's lines were just read into this cache (a streamed copy
+  // after the reduce took 1.4-1.9x as long at 16-64 MB). More ranks: the
+  // block is copied from L1 to each peer, streamed for large calls (with 4
+  // ranks on 2 cores, the one-pass store to one of them measured 1.1-1.4x
+  // slower at 1-64 MB out of place).
+  const bool pair = n == 2;
+  auto push = a.count * es > kStreamBytes ? shm::copy_stream : shm::copy;
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
   for (std::size_t o = 0; o < m; o += B) {
     const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
     for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + at;
     std::byte* mine = pb.recv[static_cast<std::size_t>(me)] + at;
-    kernels::reduce_many_copy(mine, next != me ? pb.recv[static_cast<std::size_t>(next)] + at : nullptr, srcs,
-                              bytes / es, a.dt, a.op);
+    if (pair) {
+      kernels::reduce_many_copy(mine, pb.recv[static_cast<std::size_t>(1 - me)] + at, srcs, bytes / es, a.dt, a.op);
+      continue;
+    }
+    kernels::reduce_many(mine, srcs, bytes / es, a.dt, a.op);
     for (int q = 0; q < n; ++q) {
-      if (q != me && q != next) shm::copy(pb.recv[static_cast<std::size_t>(q)] + at, mine, bytes);
+      if (q != me) push(pb.recv[static_cast<std::size_t>(q)] + at, mine, bytes);
     }
   }
 }
