@@ -205,6 +205,8 @@ struct CommImpl {
   // Calls of this rank that read the node's peers' buffers in place
   // (collectives/shm_direct.hpp); 0 without a shared-memory window.
   std::uint64_t direct_calls() const noexcept { return window() ? window()->direct_calls() : 0; }
+  // Calls of this rank that asked its node's peers whether to go direct.
+  std::uint64_t direct_tries() const noexcept { return window() ? window()->direct_tries() : 0; }
   // From how many bytes (largest buffer) calls try that path, as the
   // node's first rank set it; ShmWindow::kDirectOff without a window.
   std::uint64_t direct_min_bytes() const noexcept {

@@ -17,7 +17,9 @@
 //   CCLZ_SHM_DIRECT_KB=<KiB>|off  node-local calls whose largest buffer is at
 //                             least this large copy straight between the ranks'
 //                             buffers when every rank's are mapped (mem_alloc;
-//                             default 1024; the node's first rank's setting applies)
+//                             default 1024; the node's first rank's setting applies);
+//                             from 32-128 KiB (per collective) up to it, calls
+//                             do so while the last agreement went direct
 //   CCLZ_SPIN_US, CCLZ_YIELD_US, CCLZ_POLL_MS  checked here, applied by the
 //                             UCX transport (UcxWaitPolicy::from_env)
 //   (CCLZ_NODE_ID is read by the bootstrap into RankInfo::node_override.)

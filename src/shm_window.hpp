@@ -131,6 +131,10 @@ class ShmWindow {
   // tests and diagnostics.
   void count_direct() noexcept { direct_calls_.fetch_add(1, std::memory_order_relaxed); }
   std::uint64_t direct_calls() const noexcept { return direct_calls_.load(std::memory_order_relaxed); }
+  // Calls of this rank that took part in the direct path's agreement,
+  // whichever way it went.
+  void count_direct_try() noexcept { direct_tries_.fetch_add(1, std::memory_order_relaxed); }
+  std::uint64_t direct_tries() const noexcept { return direct_tries_.load(std::memory_order_relaxed); }
 
   // Slot `s` of local rank `r` (s taken modulo slots()).
   std::byte* slot(int r, std::uint64_t s) const noexcept;
@@ -187,6 +191,7 @@ class ShmWindow {
   std::vector<int> pids_;
   std::atomic<bool> failed_{false};
   std::atomic<std::uint64_t> direct_calls_{0};
+  std::atomic<std::uint64_t> direct_tries_{0};
   Status fail_status_;  // written before failed_ is set
   std::deque<std::any> local_state_;
 };

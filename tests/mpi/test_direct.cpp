@@ -16,6 +16,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <string>
@@ -25,6 +26,7 @@
 #include "coll_desc.hpp"
 #include "comm_impl.hpp"
 #include "harness.hpp"
+#include "shm_direct.hpp"
 
 namespace cclz::mpitest {
 namespace {
@@ -41,6 +43,13 @@ Request issue(Comm& c, const CollCase& cc, const void* s, void* r, const CallOpt
     default: break;
   }
   return Request::failed({Result::internal_error, "test: collective without a direct path"});
+}
+
+// The smallest call that may try the direct path: the window's threshold,
+// or the probing band's floor below it.
+std::uint64_t direct_floor(Comm& c, CollKind kind) {
+  const std::uint64_t t = c.impl()->direct_min_bytes();
+  return t == detail::ShmWindow::kDirectOff ? t : std::min(t, coll::shm::direct_probe_min_bytes(kind));
 }
 
 // One call. Returns false when the collective failed (the communicator is
@@ -68,7 +77,9 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const 
     ran.clear();
   }
   const std::size_t largest = cc.count * es * (cc.kind == CollKind::all_reduce ? 1 : static_cast<std::size_t>(cc.nranks));
-  *eligible = ran == "shm" && cc.count != 0 && largest >= c.impl()->direct_min_bytes() &&
+  // From the probing band up: these tests' calls below the threshold follow
+  // direct ones (or none), so they try too (DirectHistory).
+  *eligible = ran == "shm" && cc.count != 0 && largest >= direct_floor(c, cc.kind) &&
               !(in_place && cc.kind == CollKind::all_to_all);
 
   Status st;
@@ -186,6 +197,59 @@ TEST(Direct, OneHeapRankSendsEveryoneStaged) {
   }
   expect_same_everywhere(hashes);
   EXPECT_EQ(c->impl()->direct_calls(), before) << rank_tag() << ": went direct although rank 0's buffers are heap";
+}
+
+// Below the threshold, in the probing band, calls ask their peers only
+// while the direct path is being taken (DirectHistory): heap buffers ask
+// once and then once every kRetryAfter calls; after a direct call,
+// mem_alloc buffers go direct every time; one heap rank sends everyone
+// staged, and the next calls stop asking. Every call is checked bitwise.
+TEST(DirectProbe, BelowThresholdAsksWhileTaken) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  const std::uint64_t threshold = c->impl()->direct_min_bytes();
+  constexpr std::size_t kBandBytes = 48u << 10;
+  const bool band = direct_expected(*c) && threshold != detail::ShmWindow::kDirectOff && threshold > kBandBytes;
+  const CollCase small{CollKind::all_reduce, DataType::f32, ReduceOp::sum,
+                       testing::count_for_bytes(CollKind::all_reduce, kBandBytes, DataType::f32, n) | 1, 0, n};
+  const CollCase large{CollKind::all_reduce, DataType::f32, ReduceOp::sum,
+                       testing::count_for_bytes(CollKind::all_reduce, 2u << 20, DataType::f32, n) | 1, 0, n};
+  std::vector<std::uint64_t> hashes;
+  bool eligible = false;
+  auto tries = [&] { return c->impl()->direct_tries(); };
+  auto direct = [&] { return c->impl()->direct_calls(); };
+
+  // Heap everywhere: the first call asks, the next 63 do not, the 65th does.
+  std::uint64_t t0 = tries(), d0 = direct();
+  const unsigned calls = coll::shm::DirectHistory::kRetryAfter + 6;
+  for (unsigned i = 0; i < calls; ++i) ASSERT_TRUE(run_one(*c, small, i % 2 == 1, false, "shm", &hashes, &eligible));
+  if (band) {
+    EXPECT_EQ(tries() - t0, 2u) << rank_tag() << ": heap calls in the band should ask on the 1st and 65th call";
+  }
+  EXPECT_EQ(direct() - d0, 0u) << rank_tag() << ": heap buffers went direct";
+
+  // mem_alloc everywhere: a call above the threshold goes direct, and the
+  // band's calls after it do too.
+  t0 = tries();
+  d0 = direct();
+  ASSERT_TRUE(run_one(*c, large, false, true, "shm", &hashes, &eligible));
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(run_one(*c, small, i % 2 == 1, true, "shm", &hashes, &eligible));
+  if (band) {
+    EXPECT_EQ(tries() - t0, 11u) << rank_tag();
+    EXPECT_EQ(direct() - d0, 11u) << rank_tag() << ": mem_alloc calls in the band after a direct call";
+  }
+
+  // Rank 0 back on heap buffers: the first band call asks and goes staged
+  // everywhere, the next ones do not ask.
+  t0 = tries();
+  d0 = direct();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(run_one(*c, small, false, c->rank() != 0, "shm", &hashes, &eligible));
+  if (band) {
+    EXPECT_EQ(tries() - t0, 1u) << rank_tag();
+  }
+  EXPECT_EQ(direct() - d0, 0u) << rank_tag() << ": went direct although rank 0's buffers are heap";
+  expect_same_everywhere(hashes);
 }
 
 // More buffers than a rank keeps peers' mappings of (64): each call's
