@@ -6,6 +6,12 @@
 //
 // Cost: 2 stages per chunk, chunks = bytes / slot; the root reads its input
 // once, every other rank writes its output once.
+//
+// Direct path (shm_direct.hpp; the root's buffer from mem_alloc, or thread
+// ranks): every other rank copies straight from the root's input, one copy
+// instead of two. Only the root's input is read by peers, so the others'
+// buffers may be any memory.
+#include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 
 namespace cclz::coll {
@@ -15,8 +21,16 @@ constexpr std::size_t kStreamBytes = 4 << 20;
 
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
-  detail::ShmWindow& w = *g.shm();
   const int me = g.rank(), root = a.root;
+  const std::size_t bytes = a.count * a.elem_size();
+  bool ran = false;
+  Status direct = shm::run_if_direct(g, a, bytes, me == root ? bytes : 0, 0, &ran, [&](const auto&, const auto& pb) {
+    const std::byte* from =
+        me == root ? static_cast<const std::byte*>(a.sendbuf) : pb.send[static_cast<std::size_t>(root)];
+    if (from != a.recvbuf) (bytes > kStreamBytes ? shm::copy_stream : shm::copy)(a.recvbuf, from, bytes);
+  });
+  if (!direct.ok() || ran) return direct;
+  detail::ShmWindow& w = *g.shm();
   const std::size_t es = a.elem_size(), unit = shm::line_elems(es);
   std::size_t C = w.slot_bytes() / es;
   C = std::max(unit, C / unit * unit);

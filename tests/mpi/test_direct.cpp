@@ -40,6 +40,8 @@ Request issue(Comm& c, const CollCase& cc, const void* s, void* r, const CallOpt
     case CollKind::reduce_scatter: return c.reduce_scatter(s, r, cc.count, cc.dt, cc.op, o);
     case CollKind::all_gather: return c.all_gather(s, r, cc.count, cc.dt, o);
     case CollKind::all_to_all: return c.all_to_all(s, r, cc.count, cc.dt, o);
+    case CollKind::broadcast: return c.broadcast(s, r, cc.count, cc.dt, cc.root, o);
+    case CollKind::reduce: return c.reduce(s, r, cc.count, cc.dt, cc.op, cc.root, o);
     default: break;
   }
   return Request::failed({Result::internal_error, "test: collective without a direct path"});
@@ -76,7 +78,9 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const 
     if (!algo.empty()) return true;  // not offered here (one rank, several nodes): nothing to test
     ran.clear();
   }
-  const std::size_t largest = cc.count * es * (cc.kind == CollKind::all_reduce ? 1 : static_cast<std::size_t>(cc.nranks));
+  const bool per_rank_blocks = cc.kind == CollKind::reduce_scatter || cc.kind == CollKind::all_gather ||
+                               cc.kind == CollKind::all_to_all;
+  const std::size_t largest = cc.count * es * (per_rank_blocks ? static_cast<std::size_t>(cc.nranks) : 1);
   // From the probing band up: these tests' calls below the threshold follow
   // direct ones (or none), so they try too (DirectHistory).
   *eligible = ran == "shm" && cc.count != 0 && largest >= direct_floor(c, cc.kind) &&
@@ -135,7 +139,7 @@ bool direct_expected(Comm& c) {
 }
 
 constexpr CollKind kKinds[] = {CollKind::all_reduce, CollKind::reduce_scatter, CollKind::all_gather,
-                               CollKind::all_to_all};
+                               CollKind::all_to_all,  CollKind::broadcast,      CollKind::reduce};
 
 // mem_alloc buffers on every rank: calls from 300 KB (below the default
 // 1 MiB threshold: staged unless a run lowers it) to past the 4 MB

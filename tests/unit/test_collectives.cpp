@@ -175,7 +175,8 @@ INSTANTIATE_TEST_SUITE_P(All, Collectives, ::testing::ValuesIn(non_allreduce_alg
 // buffers in place), for every call: the same cases, and each call must
 // have gone direct (in-place all-to-all takes the staged path).
 TEST(ShmDirect, MatchTheReferenceEverywhere) {
-  for (CollKind kind : {CollKind::reduce_scatter, CollKind::all_gather, CollKind::all_to_all}) {
+  for (CollKind kind : {CollKind::reduce_scatter, CollKind::all_gather, CollKind::all_to_all, CollKind::broadcast,
+                        CollKind::reduce}) {
     const AlgorithmDesc* d = coll::find_algorithm(kind, "shm");
     ASSERT_NE(d, nullptr) << coll::coll_name(kind);
     check_algorithm(*d, 0);
