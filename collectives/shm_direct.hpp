@@ -110,12 +110,12 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
                      std::size_t recv_bytes, bool* ran, Direct&& direct) {
   *ran = false;
   detail::ShmWindow& w = *g.shm();
-  const std::uint64_t bytes = largest, all = w.direct_min_bytes();
-  if (all == detail::ShmWindow::kDirectOff || bytes < std::min(all, direct_probe_min_bytes(a.kind))) {
+  const std::uint64_t bytes = largest, threshold = w.direct_min_bytes();
+  if (threshold == detail::ShmWindow::kDirectOff || bytes < std::min(threshold, direct_probe_min_bytes(a.kind))) {
     return {};
   }
   DirectHistory& history = w.local_state<DirectHistory>();
-  if (bytes < all && !history.try_below_threshold()) return {};
+  if (bytes < threshold && !history.try_below_threshold()) return {};
   const auto sig = call_sig(g, a, a.count);
   PeerBuffers pb;
   w.count_direct_try();

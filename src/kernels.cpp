@@ -319,13 +319,9 @@ CCLZ_TARGET_V3 CCLZ_INLINE void store_h8(u16_u* p, __m256 v) noexcept {
 // store_h8 to d, and with kCopy to c as well (one conversion).
 template <bool kCopy>
 CCLZ_TARGET_V3 CCLZ_INLINE void put_h8(u16_u* d, u16_u* c, __m256 v) noexcept {
-  if constexpr (kCopy) {
-    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(c), h);
-  } else {
-    store_h8(d, v);
-  }
+  const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
+  if constexpr (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(c), h);
 }
 // A scalar tail's result, to d and with kCopy to c.
 template <bool kCopy>
@@ -475,14 +471,10 @@ CCLZ_TARGET_V4 CCLZ_INLINE __mmask32 mask32(std::size_t left) noexcept {
 template <class Op, bool kCopy>
 CCLZ_TARGET_V4 CCLZ_INLINE void reduce_f16_step(u16_u* d, u16_u* c, const u16_u* a, const u16_u* b,
                                                 __mmask16 m) noexcept {
-  const __m512 r = vop512<Op>(load_h16(a, m), load_h16(b, m));
-  if constexpr (kCopy) {
-    const __m256i h = _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_mask_storeu_epi16(d, m, h);
-    _mm256_mask_storeu_epi16(c, m, h);
-  } else {
-    store_h16(d, r, m);
-  }
+  const __m256i h =
+      _mm512_cvtps_ph(vop512<Op>(load_h16(a, m), load_h16(b, m)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm256_mask_storeu_epi16(d, m, h);
+  if constexpr (kCopy) _mm256_mask_storeu_epi16(c, m, h);
 }
 
 template <class Op, bool kCopy>
@@ -647,8 +639,10 @@ struct soft_many {
       Pol::template middle<Op>(acc, src, m);                                                               \
     }                                                                                                      \
     Pol::template last<Op>(static_cast<P*>(dst) + off, acc, static_cast<const P*>(srcs[k - 1]) + off, m);  \
-    /* The block is in L1: a second output costs a copy from there. */                                     \
-    if (copy != nullptr) std::memcpy(static_cast<P*>(copy) + off, static_cast<const P*>(dst) + off, m * sizeof(P)); \
+    /* The block is in L1: a second output costs a copy from there. */                                   \
+    if (copy != nullptr) {                                                                                 \
+      std::memcpy(static_cast<P*>(copy) + off, static_cast<const P*>(dst) + off, m * sizeof(P));           \
+    }                                                                                                      \
   }
 
 template <class Pol, class A, class Op>
@@ -659,11 +653,13 @@ CCLZ_INLINE void many_blocks(void* dst, void* copy, const void* const* srcs, std
 // The same loop compiled for AVX2, so that the F16C/AVX2 steps inline into it
 // (a generic-target loop could only call them, once per step).
 template <class Pol, class A, class Op>
-CCLZ_TARGET_V3 void many_blocks_v3(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+CCLZ_TARGET_V3 void many_blocks_v3(void* dst, void* copy, const void* const* srcs, std::size_t k,
+                                    std::size_t n) noexcept {
   CCLZ_MANY_BLOCKS_BODY
 }
 template <class Pol, class A, class Op>
-CCLZ_TARGET_V4 void many_blocks_v4(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+CCLZ_TARGET_V4 void many_blocks_v4(void* dst, void* copy, const void* const* srcs, std::size_t k,
+                                    std::size_t n) noexcept {
   CCLZ_MANY_BLOCKS_BODY
 }
 #endif
@@ -673,7 +669,8 @@ using plain_policy = soft_many<T, T, conv_identity<T>>;
 
 struct soft_bf16 : soft_many<std::uint16_t, float, conv_bf16> {
   template <class Op>
-  CCLZ_INLINE static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+  CCLZ_INLINE static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
+                               std::size_t n) noexcept {
     many_blocks<soft_bf16, float, Op>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
@@ -685,7 +682,8 @@ struct soft_bf16 : soft_many<std::uint16_t, float, conv_bf16> {
 // f16 policies: pairwise reduce, the n-input steps, and bulk conversions.
 struct soft_f16 : soft_many<std::uint16_t, float, conv_f16> {
   template <class Op>
-  CCLZ_INLINE static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+  CCLZ_INLINE static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
+                               std::size_t n) noexcept {
     many_blocks<soft_f16, float, Op>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
@@ -706,7 +704,8 @@ struct soft_f16 : soft_many<std::uint16_t, float, conv_f16> {
 struct hw_f16 {
   using P = u16_u;
   template <class Op>
-  CCLZ_TARGET_V3 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+  CCLZ_TARGET_V3 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
+                                  std::size_t n) noexcept {
     many_blocks_v3<hw_f16, float, Op>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
@@ -752,7 +751,8 @@ struct hw_f16 {
 struct hw_bf16 {
   using P = u16_u;
   template <class Op>
-  CCLZ_TARGET_V3 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+  CCLZ_TARGET_V3 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
+                                  std::size_t n) noexcept {
     many_blocks_v3<hw_bf16, float, Op>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
@@ -803,7 +803,8 @@ struct hw_bf16 {
 struct hw512_f16 {
   using P = u16_u;
   template <class Op>
-  CCLZ_TARGET_V4 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+  CCLZ_TARGET_V4 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
+                                  std::size_t n) noexcept {
     many_blocks_v4<hw512_f16, float, Op>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
@@ -855,7 +856,8 @@ struct hw512_f16 {
 struct hw512_bf16 {
   using P = u16_u;
   template <class Op>
-  CCLZ_TARGET_V4 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+  CCLZ_TARGET_V4 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
+                                  std::size_t n) noexcept {
     many_blocks_v4<hw512_bf16, float, Op>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
@@ -947,7 +949,8 @@ CCLZ_INLINE void reduce_any(void* dst, void* copy, const void* a, const void* b,
 }
 
 template <class H, class Op>
-CCLZ_INLINE void many_op(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n, DataType dt) noexcept {
+CCLZ_INLINE void many_op(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n,
+                         DataType dt) noexcept {
   switch (dt) {
     case DataType::f32: return many_blocks<plain_policy<float>, float, Op>(dst, copy, srcs, k, n);
     case DataType::f64: return many_blocks<plain_policy<double>, double, Op>(dst, copy, srcs, k, n);
