@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """torch.distributed.all_reduce (float32, sum) with backend "cclz" beside
-"gloo" (and "mpi" when this torch has it), same processes, same tensors.
+"gloo" (and "mpi" when this torch has it), same processes, same tensors;
+"cclz-shm" is cclz on a tensor from cclz.torch.empty (shared memory, the
+direct path), the others run on a heap tensor.
 
     PYTHONPATH=<builddir>/src/torch/python /usr/bin/python3 bench/torch_allreduce.py \
         [--ranks 2] [--min-bytes 1K] [--max-bytes 256M] [--runs 5]
@@ -65,7 +67,7 @@ def bench(rank, world, args, groups):
     while n <= parse_size(args.max_bytes):
         sizes.append(n)
         n *= 4 if n >= (1 << 20) else 2
-    names = list(groups)
+    names = ["cclz", "cclz-shm"] + [b for b in groups if b != "cclz"]
     if rank == 0:
         print(f"# torch.distributed.all_reduce float32 sum, {world} ranks, torch {torch.__version__}, "
               f"median of {args.runs} runs")
@@ -73,25 +75,28 @@ def bench(rank, world, args, groups):
         for b in names:
             head += f" {b + ' us':>12} {b + ' GB/s':>10}"
         if "cclz" in names and len(names) > 1:
-            head += "".join(f" {'x ' + b:>8}" for b in names if b != "cclz")
+            head += "".join(f" {'x ' + b:>10}" for b in names if b != "cclz")
         print(head, flush=True)
     factor = 2 * (world - 1) / world
     for nbytes in sizes:
         count = nbytes // 4
-        t = torch.ones(count, dtype=torch.float32)
-        times = {b: time_backend(t, g, iters_for(nbytes), args.runs) for b, g in groups.items()}
+        heap = torch.ones(count, dtype=torch.float32)
+        shm = cclz.torch.empty(count).fill_(1.0)
+        times = {b: time_backend(shm if b == "cclz-shm" else heap, groups.get(b), iters_for(nbytes), args.runs)
+                 for b in names}
         if rank == 0:
             line = f"{human(nbytes):>6} {count:>10}"
             for b in names:
                 line += f" {times[b] * 1e6:>12.1f} {factor * nbytes / times[b] / 1e9:>10.3f}"
             if "cclz" in names and len(names) > 1:
-                line += "".join(f" {times[b] / times['cclz']:>8.2f}" for b in names if b != "cclz")
+                line += "".join(f" {times[b] / times['cclz']:>10.2f}" for b in names if b != "cclz")
             print(line, flush=True)
 
 
 def worker(rank, world, port, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import cclz.torch  # noqa: F401  registers the backend
+    global cclz
+    import cclz.torch  # registers the backend
     torch.set_num_threads(1)
     dist.init_process_group("cclz", rank=rank, world_size=world)
     groups = {"cclz": None, "gloo": dist.new_group(backend="gloo")}

@@ -30,9 +30,12 @@ struct Registry {
   std::uint64_t next_id = 1;
 };
 
+// Never destroyed: a buffer may be freed after static destructors have
+// begun (a torch tensor's deleter during interpreter exit, an atexit
+// handler), and mem_free must still find its entry then.
 Registry& registry() {
-  static Registry r;
-  return r;
+  static Registry* r = new Registry;
+  return *r;
 }
 
 }  // namespace

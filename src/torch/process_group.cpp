@@ -36,6 +36,7 @@
 #endif
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
@@ -62,6 +63,7 @@
 #include "cclz/cclz.hpp"
 #include "cclz/compress.hpp"
 #include "cclz/compressed.hpp"
+#include "comm_impl.hpp"
 
 namespace cclz_torch {
 
@@ -793,6 +795,31 @@ ProcessGroupCclz& as_cclz(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
   return *p;
 }
 
+// cclz.torch.empty: a CPU tensor whose storage is cclz::mem_alloc memory
+// (zeroed, page-aligned), freed with the storage. The node's other ranks can
+// map it, so collectives whose tensors are all such memory take the direct
+// path (docs/performance.md) instead of staging through shared slots.
+at::Tensor shared_empty(const std::vector<int64_t>& sizes, const pybind11::object& dtype) {
+  if (!THPDtype_Check(dtype.ptr()))
+    throw pybind11::type_error("cclz.torch.empty: dtype must be a torch.dtype, got " +
+                               std::string(pybind11::str(pybind11::type::of(dtype).attr("__name__"))));
+  const at::ScalarType st = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+  const at::TensorOptions options = at::TensorOptions().dtype(st).device(at::kCPU);
+  std::size_t bytes = c10::elementSize(st);
+  bool empty = false;
+  for (int64_t s : sizes) {
+    if (s < 0) throw std::invalid_argument("cclz.torch.empty: negative dimension " + std::to_string(s));
+    empty = empty || s == 0;
+    if (!empty && __builtin_mul_overflow(bytes, static_cast<std::size_t>(s), &bytes))
+      throw std::invalid_argument("cclz.torch.empty: the tensor's size in bytes overflows");
+  }
+  if (empty) return at::empty(sizes, options);  // no bytes to share
+  void* p = nullptr;
+  const cclz::Status st_alloc = cclz::mem_alloc(&p, bytes);
+  if (!st_alloc.ok()) throw std::runtime_error("cclz.torch.empty: " + st_alloc.to_string());
+  return at::from_blob(p, sizes, [](void* q) { (void)cclz::mem_free(q); }, options);
+}
+
 }  // namespace cclz_torch
 
 PYBIND11_MODULE(_C, m) {
@@ -820,4 +847,13 @@ PYBIND11_MODULE(_C, m) {
       py::arg("process_group"), py::arg("bucket"), py::arg("spec"), py::arg("bucket_index"), py::arg("future"),
       "In place, on the group's hook thread: the bucket becomes the mean over ranks of the compressed "
       "gradients; `future` (torch.futures.Future) then gets the bucket.");
+  m.def("empty", &cclz_torch::shared_empty, py::arg("sizes"), py::arg("dtype"),
+        "A CPU tensor in memory the node's ranks map from one another (cclz::mem_alloc), zeroed.");
+  m.def(
+      "direct_calls",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+        return cclz_torch::as_cclz(pg).comm().impl()->direct_calls();
+      },
+      py::arg("process_group"),
+      "How many collectives of this rank on the group read its node's peers' tensors in place (the direct path).");
 }

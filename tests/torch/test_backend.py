@@ -15,7 +15,11 @@ import is slow):
     within 1e-5 relative;
   * DDP with cclz.torch.hook("powersgd:rank=4"): the loss falls; a
     collective issued while a hook all-reduce is queued runs after it;
-  * a bad spec raises ValueError naming the spec.
+  * a bad spec raises ValueError naming the spec;
+  * tensors from cclz.torch.empty (shared memory): zeroed and page-aligned,
+    freed with their storage; collectives on them, views included, match
+    the local reference and take the direct path (cclz.torch.direct_calls
+    counts them), and do not when one rank's tensor is heap memory.
 """
 import os
 import socket
@@ -253,6 +257,99 @@ def check_collectives(ck):
             raise AssertionError(f"unexpected message for BAND: {e}")
 
 
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def check_shared(ck):
+    import cclz.torch
+    rank, n = ck.rank, ck.world
+    t = cclz.torch.empty(3, 5, dtype=torch.float64)
+    if t.shape != (3, 5) or t.dtype != torch.float64 or t.data_ptr() % 4096 or t.any():
+        raise AssertionError(f"cclz.torch.empty(3, 5): shape {tuple(t.shape)}, dtype {t.dtype}, "
+                             f"address {t.data_ptr():#x}, nonzero {int(t.count_nonzero())}")
+    if cclz.torch.empty((2, 0)).numel() != 0 or cclz.torch.empty(torch.Size([4])).shape != (4,):
+        raise AssertionError("cclz.torch.empty: a tuple or torch.Size size")
+    for bad, exc in (((-1,), ValueError), (("4",), TypeError), ((2.5,), TypeError)):
+        try:
+            cclz.torch.empty(*bad)
+            raise AssertionError(f"cclz.torch.empty{bad} did not raise")
+        except exc:
+            pass
+    try:
+        cclz.torch.empty(4, dtype="float32")
+        raise AssertionError("cclz.torch.empty with a str dtype did not raise")
+    except TypeError as e:
+        if "torch.dtype" not in str(e):
+            raise AssertionError(f"unexpected message for a str dtype: {e}")
+
+    # Each allocation holds a descriptor until its storage is freed.
+    before = open_fds()
+    for _ in range(20):
+        v = cclz.torch.empty(1 << 18)[10:20]
+        v.fill_(1.0)
+    del v
+    if open_fds() != before:
+        raise AssertionError(f"cclz.torch.empty: {open_fds() - before} descriptors left after freeing 20 tensors")
+
+    # From 1 MiB the direct path is taken on every call where all of the
+    # node's ranks' buffers are shared (below it, it is tried while it pays).
+    count = (1 << 20) + 3
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8):
+        for op_name in ("sum", "max", "avg") if dtype == torch.float32 else ("sum", "max"):
+            inputs = [rank_input(r, count, dtype) for r in range(n)]
+            t = cclz.torch.empty(count, dtype=dtype)
+            t.copy_(inputs[rank])
+            before = cclz.torch.direct_calls()
+            dist.all_reduce(t, op=OPS[op_name])
+            ck.same(f"all_reduce of a shared {dtype} tensor, {op_name}", t, reference_reduce(inputs, op_name, n))
+            if n > 1 and cclz.torch.direct_calls() != before + 1:
+                raise AssertionError(f"rank {rank}: all_reduce of a shared {dtype} tensor did not go direct")
+
+    # A view at an odd offset into a shared tensor, reduced in place.
+    inputs = [rank_input(r, count, torch.float32) for r in range(n)]
+    big = cclz.torch.empty(count + 7)
+    view = big[5:5 + count]
+    view.copy_(inputs[rank])
+    dist.all_reduce(view)
+    ck.same("all_reduce of a view into a shared tensor", view, reference_reduce(inputs, "sum", n))
+    ck.same("bytes around the view", torch.cat([big[:5], big[5 + count:]]), torch.zeros(7))
+
+    # Rank 0's tensor is heap memory: the ranks agree to stage, and the
+    # result is the same.
+    before = cclz.torch.direct_calls()
+    t = rank_input(rank, count, torch.float32)
+    if rank != 0:
+        t = cclz.torch.empty(count).copy_(t)
+    dist.all_reduce(t)
+    ck.same("all_reduce with rank 0's tensor on the heap", t, reference_reduce(inputs, "sum", n))
+    if cclz.torch.direct_calls() != before:
+        raise AssertionError(f"rank {rank}: went direct although rank 0's tensor is heap memory")
+
+    # The other collectives with a tensor interface, on shared tensors.
+    per = (1 << 18) + 1
+    ins = [rank_input(r, per, torch.float32) for r in range(n)]
+    before = cclz.torch.direct_calls()
+    src = cclz.torch.empty(per).copy_(ins[rank])
+    out = cclz.torch.empty(n * per)
+    getattr(dist, "all_gather_into_tensor", getattr(dist, "_all_gather_base", None))(out, src)
+    ck.same("all_gather_into_tensor of shared tensors", out, torch.cat(ins))
+    big_ins = [rank_input(r, n * per, torch.float32) for r in range(n)]
+    src = cclz.torch.empty(n * per).copy_(big_ins[rank])
+    out = cclz.torch.empty(per)
+    getattr(dist, "reduce_scatter_tensor", getattr(dist, "_reduce_scatter_base", None))(out, src)
+    ck.same("reduce_scatter_tensor of shared tensors", out,
+            reference_reduce(big_ins, "sum", n)[rank * per:(rank + 1) * per])
+    t = cclz.torch.empty(count).copy_(inputs[rank])
+    dist.broadcast(t, src=n - 1)
+    ck.same("broadcast of a shared tensor", t, inputs[n - 1])
+    if n > 1 and cclz.torch.direct_calls() != before + 3:
+        raise AssertionError(f"rank {rank}: {cclz.torch.direct_calls() - before} of all_gather_into_tensor, "
+                             "reduce_scatter_tensor and broadcast on shared tensors went direct, not 3")
+    zero = cclz.torch.empty(0)
+    dist.all_reduce(zero)
+
+
 def make_model(seed):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
@@ -352,6 +449,7 @@ def worker(rank, world, port, errors):
         gloo = dist.new_group(backend="gloo")
         ck = Checker(rank, world, gloo)
         check_collectives(ck)
+        check_shared(ck)
         worst = check_ddp(ck)
         first, last = check_hook(ck)
         # A cclz error (a peer that is not in the group) comes out of wait()
@@ -366,7 +464,8 @@ def worker(rank, world, port, errors):
             print(f"{world} ranks: collectives ok ({ck.compared_gloo} compared with gloo, "
                   f"{ck.compared_ref} with the local reference where gloo lacks the dtype/op); "
                   f"DDP 20 steps: max relative difference from gloo {worst:.3g}; "
-                  f"powersgd:rank=4 hook: loss {first:.4f} -> {last:.4f}; bad spec raises", flush=True)
+                  f"powersgd:rank=4 hook: loss {first:.4f} -> {last:.4f}; bad spec raises; "
+                  f"shared tensors ok, {cclz.torch.direct_calls()} calls went direct", flush=True)
         dist.barrier(group=gloo)
         dist.destroy_process_group()
     except Exception:
