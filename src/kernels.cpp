@@ -510,23 +510,6 @@ CCLZ_TARGET_V4 void narrow_f16_512(u16_u* out, const f32_u* in, std::size_t n) n
   if (i < n) narrow_step(out + i, in + i, mask16(n - i));
 }
 
-// bf16 as on AVX2: unpack against zero within each 128-bit lane, and packus
-// restores the order.
-CCLZ_TARGET_V4 CCLZ_INLINE __m512 bf16_lo512(__m512i v) noexcept {
-  return _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), v));
-}
-CCLZ_TARGET_V4 CCLZ_INLINE __m512 bf16_hi512(__m512i v) noexcept {
-  return _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), v));
-}
-// bf16_round on 16 lanes (the NaN reasoning there holds here).
-CCLZ_TARGET_V4 CCLZ_INLINE __m512i bf16_round512(__m512 v) noexcept {
-  const __m512i x = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
-}
-CCLZ_TARGET_V4 CCLZ_INLINE __m512i bf16_pack512(__m512 lo, __m512 hi) noexcept {
-  return _mm512_packus_epi32(bf16_round512(lo), bf16_round512(hi));
-}
 // 32 bf16 as two 256-bit loads. One 512-bit load per line is faster in the
 // cache (bf16 sum at 4 KiB: 160 against 140 GB/s) but ran at 60% of these
 // from memory on the AVX-512 EPYC measured (8 MiB per input: 49 against 80
@@ -543,19 +526,21 @@ CCLZ_TARGET_V4 CCLZ_INLINE void store_b32(u16_u* p, __m512i v, __mmask32 mask) n
   _mm512_mask_storeu_epi16(p, mask, v);
 }
 
-// The two-input step splits each 32-bit lane instead of unpacking: its
-// even element shifted up and its odd one masked are f32 values in place,
-// and the rounded results go back with a shift and a mask, so the step has
-// no shuffle. In the cache (256 KiB per buffer, in place with the copy, as
-// a 2-rank direct all-reduce runs) it ran 1.12x the unpacking step.
+// bf16 on 512-bit vectors splits each 32-bit lane instead of unpacking
+// 16-bit lanes as AVX2 does: its even element shifted up and its odd one
+// masked are f32 values in place, and the rounded results go back with a
+// shift and a mask, so no step has a shuffle. In the cache (256 KiB per
+// buffer, in place with the copy, as a 2-rank direct all-reduce runs) the
+// two-input step ran 1.12x the unpacking one.
 CCLZ_TARGET_V4 CCLZ_INLINE __m512 bf16_even512(__m512i v) noexcept {
   return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 CCLZ_TARGET_V4 CCLZ_INLINE __m512 bf16_odd512(__m512i v) noexcept {
   return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
-// bf16_round512 leaving the result in the top 16 bits: x + 0x7fff, or
-// x + 0x8000 where bit 16 (the result's lowest) is set.
+// bf16_round on 16 lanes (the NaN reasoning there holds here), leaving the
+// result in the top 16 bits: x + 0x7fff, or x + 0x8000 where bit 16 (the
+// result's lowest) is set.
 CCLZ_TARGET_V4 CCLZ_INLINE __m512i bf16_round_top512(__m512 v) noexcept {
   const __m512i x = _mm512_castps_si512(v);
   const __mmask16 odd = _mm512_test_epi32_mask(x, _mm512_set1_epi32(0x10000));
@@ -875,7 +860,7 @@ struct hw512_f16 {
   }
 };
 
-// The accumulator holds each 32-element step in unpack order, as hw_bf16's.
+// The accumulator holds each 32-element step as 16 even then 16 odd elements.
 struct hw512_bf16 {
   using P = u16_u;
   template <class Op>
@@ -890,21 +875,21 @@ struct hw512_bf16 {
   template <class Op>
   CCLZ_TARGET_V4 CCLZ_INLINE static void first_step(float* acc, const P* a, const P* b, __mmask32 k) noexcept {
     const __m512i va = load_b32(a, k), vb = load_b32(b, k);
-    _mm512_store_ps(acc, vop512<Op>(bf16_lo512(va), bf16_lo512(vb)));
-    _mm512_store_ps(acc + 16, vop512<Op>(bf16_hi512(va), bf16_hi512(vb)));
+    _mm512_store_ps(acc, vop512<Op>(bf16_even512(va), bf16_even512(vb)));
+    _mm512_store_ps(acc + 16, vop512<Op>(bf16_odd512(va), bf16_odd512(vb)));
   }
   template <class Op>
   CCLZ_TARGET_V4 CCLZ_INLINE static void middle_step(float* acc, const P* src, __mmask32 k) noexcept {
     const __m512i v = load_b32(src, k);
-    _mm512_store_ps(acc, vop512<Op>(_mm512_load_ps(acc), bf16_lo512(v)));
-    _mm512_store_ps(acc + 16, vop512<Op>(_mm512_load_ps(acc + 16), bf16_hi512(v)));
+    _mm512_store_ps(acc, vop512<Op>(_mm512_load_ps(acc), bf16_even512(v)));
+    _mm512_store_ps(acc + 16, vop512<Op>(_mm512_load_ps(acc + 16), bf16_odd512(v)));
   }
   template <class Op>
   CCLZ_TARGET_V4 CCLZ_INLINE static void last_step(P* d, const float* acc, const P* src, __mmask32 k) noexcept {
     const __m512i v = load_b32(src, k);
     store_b32(d,
-              bf16_pack512(vop512<Op>(_mm512_load_ps(acc), bf16_lo512(v)),
-                           vop512<Op>(_mm512_load_ps(acc + 16), bf16_hi512(v))),
+              bf16_join512(vop512<Op>(_mm512_load_ps(acc), bf16_even512(v)),
+                           vop512<Op>(_mm512_load_ps(acc + 16), bf16_odd512(v))),
               k);
   }
   template <class Op>
