@@ -62,6 +62,7 @@ def time_backend(t, group, iters, runs):
 
 
 def bench(rank, world, args, groups):
+    import cclz.torch
     sizes = []
     n = parse_size(args.min_bytes)
     while n <= parse_size(args.max_bytes):
@@ -95,8 +96,7 @@ def bench(rank, world, args, groups):
 
 def worker(rank, world, port, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    global cclz
-    import cclz.torch  # registers the backend
+    import cclz.torch  # noqa: F401  registers the backend
     torch.set_num_threads(1)
     dist.init_process_group("cclz", rank=rank, world_size=world)
     groups = {"cclz": None, "gloo": dist.new_group(backend="gloo")}
