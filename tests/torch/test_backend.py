@@ -343,9 +343,19 @@ def check_shared(ck):
     t = cclz.torch.empty(count).copy_(inputs[rank])
     dist.broadcast(t, src=n - 1)
     ck.same("broadcast of a shared tensor", t, inputs[n - 1])
-    if n > 1 and cclz.torch.direct_calls() != before + 3:
+    t = cclz.torch.empty(count).copy_(inputs[rank])
+    dist.reduce(t, dst=n - 1)
+    if rank == n - 1:
+        ck.same("reduce of shared tensors", t, reference_reduce(inputs, "sum", n))
+    src = cclz.torch.empty(n * per).copy_(big_ins[rank])
+    out = cclz.torch.empty(n * per)
+    dist.all_to_all_single(out, src)
+    ck.same("all_to_all_single of shared tensors", out,
+            torch.cat([big_ins[r][rank * per:(rank + 1) * per] for r in range(n)]))
+    if n > 1 and cclz.torch.direct_calls() != before + 5:
         raise AssertionError(f"rank {rank}: {cclz.torch.direct_calls() - before} of all_gather_into_tensor, "
-                             "reduce_scatter_tensor and broadcast on shared tensors went direct, not 3")
+                             "reduce_scatter_tensor, broadcast, reduce and all_to_all_single on shared tensors "
+                             "went direct, not 5")
     zero = cclz.torch.empty(0)
     dist.all_reduce(zero)
 
