@@ -60,7 +60,9 @@ struct UniqueId {
 // and takes the staged path. The memory is zeroed, page aligned and counted
 // against /dev/shm-like shared memory (a memfd per allocation); a peer keeps
 // its mapping of a freed buffer until it is evicted from its cache or the
-// communicator is destroyed. bytes == 0 gives *ptr = nullptr.
+// communicator is destroyed. bytes == 0 gives *ptr = nullptr. The pages
+// are shared, not copied on write: a child forked after the allocation
+// (a data-loader worker) writes into the parent's buffer.
 // Errors: invalid_argument (null ptr), system_error (out of memory).
 Status mem_alloc(void** ptr, std::size_t bytes);
 // Frees a mem_alloc buffer; nullptr is a no-op. Any other pointer (or one

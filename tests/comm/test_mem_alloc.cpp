@@ -2,7 +2,7 @@
 // memory, the registry lookup the direct path relies on, and the errors
 // (null result pointer, foreign or freed pointers) that must free nothing.
 #include <gtest/gtest.h>
-
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -41,6 +41,25 @@ TEST(MemAlloc, ZeroedPageAlignedAndFound) {
 
   ASSERT_TRUE(mem_free(p).ok());
   EXPECT_FALSE(detail::find_shared_range(p, 1, &r)) << "a freed buffer is still registered";
+}
+
+// Documented: the pages are shared with a child forked after the
+// allocation, not copied on write.
+TEST(MemAlloc, ForkedChildWritesIntoTheParentsBuffer) {
+  void* p = nullptr;
+  ASSERT_TRUE(mem_alloc(&p, 4096).ok());
+  auto* bytes = static_cast<unsigned char*>(p);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    bytes[100] = 0x5a;
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(bytes[100], 0x5a);
+  EXPECT_TRUE(mem_free(p).ok());
 }
 
 TEST(MemAlloc, IdsAreNeverReused) {
