@@ -38,11 +38,14 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/utils/pybind.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/version.h>
 
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #endif
+
+#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
@@ -50,6 +53,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,6 +68,7 @@
 #include "cclz/compress.hpp"
 #include "cclz/compressed.hpp"
 #include "comm_impl.hpp"
+#include "shm_pool.hpp"
 
 namespace cclz_torch {
 
@@ -820,6 +825,61 @@ at::Tensor shared_empty(const std::vector<int64_t>& sizes, const pybind11::objec
   return at::from_blob(p, sizes, [](void* q) { (void)cclz::mem_free(q); }, options);
 }
 
+
+// cclz.torch.use_shared_memory: torch's CPU allocator, serving tensors of at
+// least min_bytes from a pool of shared-memory arenas (detail::ShmPool) and
+// the rest from the allocator it replaced. Tensors torch allocates itself,
+// DDP's gradient buckets among them, then qualify for the direct path.
+// Arenas are never returned, so a freed block allocated again keeps the
+// peers' mappings of it valid. Immortal: tensors may be freed at any time,
+// interpreter exit included.
+class SharedCpuAllocator final : public c10::Allocator {
+ public:
+  static constexpr std::size_t kArenaBytes = std::size_t{32} << 20;
+
+  static SharedCpuAllocator* install(std::size_t min_bytes) {
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lock(mu);
+    if (instance_ == nullptr) {
+      instance_ = new SharedCpuAllocator(c10::GetCPUAllocator());
+      c10::SetCPUAllocator(instance_, std::numeric_limits<uint8_t>::max());
+      // The arenas are MAP_SHARED: a forked child (a DataLoader worker)
+      // allocating from its copy of the free lists would hand out the
+      // blocks its parent hands out too. Children use the old allocator.
+      pthread_atfork(nullptr, nullptr, [] { instance_->forked_.store(true); });
+    }
+    instance_->min_bytes_.store(min_bytes);
+    return instance_;
+  }
+  static SharedCpuAllocator* instance() { return instance_; }
+
+  // Allocator::allocate is const in PyTorch 1.13 and not in later 2.x; one
+  // of the two overrides it. copy_data is pure virtual in those.
+  c10::DataPtr allocate(size_t n) const { return allocate_impl(n); }
+  c10::DataPtr allocate(size_t n) { return allocate_impl(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+
+  cclz::detail::ShmPool::Stats stats() const { return pool_.stats(); }
+
+ private:
+  explicit SharedCpuAllocator(c10::Allocator* fallback) : fallback_(fallback), pool_(kArenaBytes) {}
+
+  c10::DataPtr allocate_impl(size_t n) const {
+    if (n >= min_bytes_.load(std::memory_order_relaxed) && !forked_.load(std::memory_order_relaxed)) {
+      if (void* p = pool_.allocate(n)) return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
+      // No shared memory to be had: heap memory still works (staged).
+    }
+    return fallback_->allocate(n);
+  }
+  static void release(void* p) { (void)instance_->pool_.free(p); }
+
+  static inline SharedCpuAllocator* instance_ = nullptr;
+  c10::Allocator* fallback_;
+  std::atomic<std::size_t> min_bytes_{0};
+  std::atomic<bool> forked_{false};
+  mutable cclz::detail::ShmPool pool_;
+};
+
 }  // namespace cclz_torch
 
 PYBIND11_MODULE(_C, m) {
@@ -849,6 +909,23 @@ PYBIND11_MODULE(_C, m) {
       "gradients; `future` (torch.futures.Future) then gets the bucket.");
   m.def("empty", &cclz_torch::shared_empty, py::arg("sizes"), py::arg("dtype"),
         "A CPU tensor in memory the node's ranks map from one another (cclz::mem_alloc), zeroed.");
+  m.def(
+      "use_shared_memory",
+      [](std::size_t min_bytes) { cclz_torch::SharedCpuAllocator::install(min_bytes); }, py::arg("min_bytes"),
+      "From now on, CPU tensors of at least min_bytes are allocated in shared memory.");
+  m.def(
+      "shared_memory_stats",
+      []() {
+        py::dict d;
+        auto* a = cclz_torch::SharedCpuAllocator::instance();
+        const cclz::detail::ShmPool::Stats s = a ? a->stats() : cclz::detail::ShmPool::Stats{};
+        d["arenas"] = s.arenas;
+        d["arena_bytes"] = s.arena_bytes;
+        d["live_bytes"] = s.live_bytes;
+        d["live_blocks"] = s.live_blocks;
+        return d;
+      },
+      "The shared-memory allocator's arenas and the blocks it has handed out.");
   m.def(
       "direct_calls",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {

@@ -19,7 +19,10 @@ import is slow):
   * tensors from cclz.torch.empty (shared memory): zeroed and page-aligned,
     freed with their storage; collectives on them, views included, match
     the local reference and take the direct path (cclz.torch.direct_calls
-    counts them), and do not when one rank's tensor is heap memory.
+    counts them), and do not when one rank's tensor is heap memory;
+  * cclz.torch.use_shared_memory: large tensors come from the pool and go
+    back to it, and DDP's buckets go direct with the same parameters as
+    gloo's DDP.
 """
 import os
 import socket
@@ -398,6 +401,78 @@ def check_ddp(ck):
     return worst
 
 
+def check_shared_allocator(ck):
+    """cclz.torch.use_shared_memory: large tensors torch allocates itself are
+    shared, DDP's buckets go direct and train as gloo's do. Last: it changes
+    where every later tensor of this process lives."""
+    import cclz.torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank, n = ck.rank, ck.world
+    for bad, exc in ((0, ValueError), ("1", TypeError)):
+        try:
+            cclz.torch.use_shared_memory(bad)
+            raise AssertionError(f"use_shared_memory({bad!r}) did not raise")
+        except exc:
+            pass
+    cclz.torch.use_shared_memory(1 << 16)
+    live = cclz.torch.shared_memory_stats()["live_blocks"]
+    small = torch.zeros(100)
+    big = torch.empty(1 << 18)
+    if cclz.torch.shared_memory_stats()["live_blocks"] != live + 1 or big.data_ptr() % 4096:
+        raise AssertionError(f"use_shared_memory: a 1 MiB tensor was not served from the pool "
+                             f"({cclz.torch.shared_memory_stats()}, address {big.data_ptr():#x})")
+    inputs = [rank_input(r, 1 << 18, torch.float32) for r in range(n)]
+    big.copy_(inputs[rank])
+    before = cclz.torch.direct_calls()
+    dist.all_reduce(big)
+    ck.same("all_reduce of a pool tensor", big, reference_reduce(inputs, "sum", n))
+    if n > 1 and cclz.torch.direct_calls() != before + 1:
+        raise AssertionError(f"rank {rank}: all_reduce of a pool tensor did not go direct")
+    del big, small, inputs
+    if cclz.torch.shared_memory_stats()["live_blocks"] != live:
+        raise AssertionError(f"use_shared_memory: a freed tensor's block was not returned "
+                             f"({cclz.torch.shared_memory_stats()})")
+    # A forked child (a DataLoader worker) must not hand out the shared
+    # arenas' blocks, which its parent hands out too.
+    pid = os.fork()
+    if pid == 0:
+        t = torch.ones(1 << 18)
+        os._exit(0 if cclz.torch.shared_memory_stats()["live_blocks"] == live and t.sum() == (1 << 18) else 1)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise AssertionError("use_shared_memory: a forked child allocated from the shared arenas")
+
+    # Two 512x512 layers: 1 MiB weights, buckets of about 1 MiB.
+    def wide(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(16, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512),
+                                   torch.nn.Tanh(), torch.nn.Linear(512, 4))
+
+    def fit(model, steps):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(2000 + rank)
+        for _ in range(steps):
+            x = torch.randn(32, 16, generator=g)
+            loss = torch.nn.functional.mse_loss(model(x), x[:, :4])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    before = cclz.torch.direct_calls()
+    m_cclz = DDP(wide(0), bucket_cap_mb=1)
+    fit(m_cclz, 5)
+    direct = cclz.torch.direct_calls() - before
+    m_gloo = DDP(wide(0), process_group=ck.gloo, bucket_cap_mb=1)
+    fit(m_gloo, 5)
+    for (name, a), b in zip(m_cclz.module.named_parameters(), m_gloo.module.parameters()):
+        rel = ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+        if rel > 1e-5:
+            raise AssertionError(f"rank {rank}: DDP on pool tensors: {name} differs from gloo's by {rel:.3g}")
+    if n > 1 and direct < 5:
+        raise AssertionError(f"rank {rank}: DDP on pool tensors: {direct} bucket all-reduces went direct in 5 steps")
+    return direct
+
+
 def check_hook(ck):
     import cclz.torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -462,6 +537,7 @@ def worker(rank, world, port, errors):
         check_shared(ck)
         worst = check_ddp(ck)
         first, last = check_hook(ck)
+        pool_direct = check_shared_allocator(ck)
         # A cclz error (a peer that is not in the group) comes out of wait()
         # as a RuntimeError with cclz's message. Last: it may end the group.
         try:
@@ -475,7 +551,8 @@ def worker(rank, world, port, errors):
                   f"{ck.compared_ref} with the local reference where gloo lacks the dtype/op); "
                   f"DDP 20 steps: max relative difference from gloo {worst:.3g}; "
                   f"powersgd:rank=4 hook: loss {first:.4f} -> {last:.4f}; bad spec raises; "
-                  f"shared tensors ok, {cclz.torch.direct_calls()} calls went direct", flush=True)
+                  f"shared tensors ok, {cclz.torch.direct_calls()} calls went direct; use_shared_memory: "
+                  f"DDP as gloo's, {pool_direct} bucket all-reduces direct in 5 steps", flush=True)
         dist.barrier(group=gloo)
         dist.destroy_process_group()
     except Exception:

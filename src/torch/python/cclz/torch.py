@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from cclz import _C
 
-__all__ = ["hook", "empty", "direct_calls", "BACKEND"]
+__all__ = ["hook", "empty", "use_shared_memory", "shared_memory_stats", "direct_calls", "BACKEND"]
 
 BACKEND = "cclz"
 
@@ -71,6 +71,31 @@ def empty(*size, dtype=torch.float32):
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     return _C.empty([operator.index(s) for s in size], dtype)
+
+
+def use_shared_memory(min_bytes=1 << 20):
+    """From this call on, torch allocates CPU tensors of at least `min_bytes`
+    in shared memory that the node's other ranks can map: tensors torch makes
+    itself (DDP's gradient buckets, outputs, parameters created afterwards)
+    then take the direct path that cclz.torch.empty gives one tensor. Call it
+    before building the model and DDP; tensors allocated earlier stay where
+    they are. Smaller tensors, and any when shared memory runs out, come from
+    the allocator torch had. Calling it again changes `min_bytes`.
+
+    The blocks come from 32 MiB arenas that are kept for reuse, never given
+    back to the system (peak use stays reserved); their pages are shared with
+    processes forked afterwards, not copied on write (see docs/torch.md)."""
+    min_bytes = operator.index(min_bytes)
+    if min_bytes < 1:
+        raise ValueError(f"cclz.torch.use_shared_memory: min_bytes must be at least 1, got {min_bytes}")
+    _C.use_shared_memory(min_bytes)
+
+
+def shared_memory_stats():
+    """The use_shared_memory allocator's state: a dict with `arenas`,
+    `arena_bytes` (mapped by them), `live_bytes` and `live_blocks` (handed out
+    and not yet freed); zeros before use_shared_memory."""
+    return _C.shared_memory_stats()
 
 
 def direct_calls(group=None):
