@@ -84,7 +84,9 @@ def use_shared_memory(min_bytes=1 << 20):
 
     The blocks come from 32 MiB arenas that are kept for reuse, never given
     back to the system (peak use stays reserved); their pages are shared with
-    processes forked afterwards, not copied on write (see docs/torch.md)."""
+    processes forked afterwards, not copied on write, and such a child (a
+    DataLoader worker) allocates its own tensors from the old allocator (see
+    docs/torch.md)."""
     min_bytes = operator.index(min_bytes)
     if min_bytes < 1:
         raise ValueError(f"cclz.torch.use_shared_memory: min_bytes must be at least 1, got {min_bytes}")
