@@ -18,13 +18,19 @@ void* ShmPool::allocate(std::size_t bytes) noexcept {
   if (bytes == 0 || bytes > (std::size_t{1} << 46)) return nullptr;
   const std::size_t length = (bytes + page_ - 1) / page_ * page_;
   std::lock_guard<std::mutex> lock(mu_);
+  // Records the block first (the one step that can throw), then shrinks the
+  // free range in place: a failure leaves the pool as it was.
   auto take = [&](Arena& a, std::map<std::size_t, std::size_t>::iterator it) {
     const std::size_t offset = it->first, room = it->second;
-    a.free.erase(it);
-    if (room > length) a.free.emplace(offset + length, room - length);
     void* p = a.base + offset;
     live_.emplace(p, Live{&a, offset, length});
     live_bytes_ += length;
+    auto node = a.free.extract(it);
+    if (room > length) {
+      node.key() = offset + length;
+      node.mapped() = room - length;
+      a.free.insert(std::move(node));
+    }
     return p;
   };
   try {

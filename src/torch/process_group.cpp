@@ -34,11 +34,11 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #define CCLZ_TORCH_WORK_HPP 1
 #endif
+#include <c10/core/CPUAllocator.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/utils/pybind.h>
-#include <c10/core/CPUAllocator.h>
 #include <torch/version.h>
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -824,7 +824,6 @@ at::Tensor shared_empty(const std::vector<int64_t>& sizes, const pybind11::objec
   if (!st_alloc.ok()) throw std::runtime_error("cclz.torch.empty: " + st_alloc.to_string());
   return at::from_blob(p, sizes, [](void* q) { (void)cclz::mem_free(q); }, options);
 }
-
 
 // cclz.torch.use_shared_memory: torch's CPU allocator, serving tensors of at
 // least min_bytes from a pool of shared-memory arenas (detail::ShmPool) and
