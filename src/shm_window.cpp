@@ -210,7 +210,11 @@ Status ShmWindow::create_named(const Geometry& g, std::string* name, std::shared
     shm_unlink(n.c_str());
     return st;
   }
-  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE maps every page now (8 MiB for 2 ranks: 1-3 ms, once);
+  // otherwise a slot's first use in a collective faults on each of its
+  // pages (about 200 us per 1 MiB slot, measured on 2 bound ranks). The
+  // other mappings below do the same.
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
     Status st = errno_status("mmap " + n);
@@ -233,7 +237,7 @@ Status ShmWindow::open_named(const std::string& name, std::shared_ptr<ShmSegment
     return {Result::system_error, "shared memory " + name + " is too small"};
   }
   const auto bytes = static_cast<std::size_t>(sb.st_size);
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return errno_status("mmap " + name);
   auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), bytes);
@@ -251,7 +255,7 @@ void ShmWindow::unlink_named(const std::string& name) noexcept { shm_unlink(name
 Status ShmWindow::create_anonymous(const Geometry& g, std::shared_ptr<ShmSegment>* out) {
   if (Status st = check_geometry(g); !st.ok()) return st;
   const std::size_t total = offsets(g).total;
-  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) return errno_status("mmap of " + std::to_string(total) + " bytes");
   auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), total, true);
   seg->init(g, total);
