@@ -285,14 +285,21 @@ Request Engine::submit(std::unique_ptr<Task> t) {
     t->submitted = Clock::now();
     queue_.push_back(std::move(t));
     // A running runner picks the task up and a polling worker finds it; a
-    // worker asleep must be woken, since the caller may never wait and the
-    // work must still progress. Except when this host's ranks outnumber its
-    // cores: there the wake-up is a context switch on a contended core on
-    // every call (measured: 4 KB all-reduce at 4 ranks on 2 cores, 47-67 us
-    // with it, 10-15 us without), while a blocking call runs on its waiter
-    // anyway; a call nobody waits on or tests starts when the worker's idle
-    // wait ends (kIdleProgress, 2 ms).
-    wake = worker_sleeping_ && !runner_active_ && !oversubscribed_;
+    // worker asleep is woken, since the caller may never wait and the work
+    // must still progress. But not while the program waits on its calls
+    // (the last queued work was run by a waiter): a blocking call runs on
+    // its waiter anyway, and the wake-up is a context switch per call on
+    // the caller's core (with a rank bound to a core, the worker shares it),
+    // a second when the worker's grace period ends, and the worker's
+    // wake-ups landing in the middle of later calls stall the peers: on 2
+    // bound ranks a 1 MB all-to-all took 38.3 us with it, 29.0 without.
+    // Nor when this host's ranks outnumber its cores (4 KB all-reduce at 4
+    // ranks on 2 cores: 47-67 us with it, 10-15 us without). A call nobody
+    // waits on or tests then starts when the worker's idle wait ends
+    // (kIdleProgress, 2 ms), and the worker running it turns the wake-ups
+    // back on.
+    wake = worker_sleeping_ && !runner_active_ && !oversubscribed_ && !waiters_run_;
+    if (wake) ++worker_kicks_;
   }
   if (wake) worker_cv_.notify_one();
   return Request(std::move(req));
@@ -304,7 +311,8 @@ Request Engine::submit(std::unique_ptr<Task> t) {
 // futex wake and a context switch per call, which on a host with more ranks
 // than cores lands on another rank's critical path. So after the communicator
 // was used the worker polls with timed sleeps (never a spin) whose interval
-// doubles from kGrace to kMaxPoll, then sleeps until submit() kicks it: a
+// doubles from kGrace to kMaxPoll, then sleeps until submit() kicks it (only
+// when nobody waits on the calls, see submit()) or kIdleProgress passes: a
 // handful of wake-ups per busy period instead of one per call. (Measured
 // with tests/comm/cclz-comm-bench, 8 ranks on 2 cores, 4 KB all-reduce:
 // polling every 100 us made blocking calls ~1.8x slower than the bare
@@ -325,6 +333,7 @@ void Engine::worker_main() {
           stop_ || expedite_ || flights_n_ > 0 || Clock::now() - queue_.front()->submitted >= kGrace;
       if (due) {
         expedite_ = false;
+        waiters_run_ = false;
         runner_active_ = true;
         runner_thread_ = std::this_thread::get_id();
         lk.unlock();
@@ -376,6 +385,11 @@ void Engine::release_runner() {
   if (wake_idle) idle_cv_.notify_all();
 }
 
+std::uint64_t Engine::worker_kicks() const {
+  std::lock_guard lk(mu_);
+  return worker_kicks_;
+}
+
 void Engine::expedite() {
   bool wake = false;
   {
@@ -405,6 +419,7 @@ Status Engine::wait(RequestState& r) {
         runner_active_ = true;
         runner_thread_ = std::this_thread::get_id();
         claimed = true;
+        waiters_run_ = true;
       }
     }
     if (claimed) {

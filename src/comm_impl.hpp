@@ -113,6 +113,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Status wait(RequestState& r);
   // Request::test() on an unfinished request: start queued work now.
   void expedite();
+  // How often submit() woke the sleeping worker (for tests and diagnostics).
+  std::uint64_t worker_kicks() const;
 
   // "rank R: " + t.describe() + ": " + cause
   std::string message(const Task& t, const std::string& cause) const;
@@ -163,6 +165,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool destroyed_ = false;
   bool runner_active_ = false;
   bool worker_sleeping_ = false;  // until kicked (not polling)
+  bool waiters_run_ = false;      // the last queued work was run by a waiter, not the worker (see submit())
+  std::uint64_t worker_kicks_ = 0;  // wake-ups of a sleeping worker by submit()
   bool expedite_ = false;         // test() asked for the queue to start now
   int idle_waiters_ = 0;
   std::thread::id runner_thread_;
@@ -205,6 +209,8 @@ struct CommImpl {
   // Calls of this rank that read the node's peers' buffers in place
   // (collectives/shm_direct.hpp); 0 without a shared-memory window.
   std::uint64_t direct_calls() const noexcept { return window() ? window()->direct_calls() : 0; }
+  // How often a call woke this rank's sleeping worker thread (Engine::submit).
+  std::uint64_t worker_kicks() const { return engine_->worker_kicks(); }
   // Calls of this rank that asked its node's peers whether to go direct.
   std::uint64_t direct_tries() const noexcept { return window() ? window()->direct_tries() : 0; }
   // From how many bytes (largest buffer) calls try that path, as the

@@ -1,7 +1,12 @@
 // cclz public C++ API: communicators, requests and collectives.
 //
 // Every collective is non-blocking: it returns a Request at once and the work
-// runs on the communicator's progress engine. `.wait()` blocks for the result.
+// runs on the communicator's progress engine. `.wait()` blocks for the result
+// and runs queued work on the calling thread. A call nobody waits on runs on
+// the engine's worker thread: after a grace period of 100 us, or up to 2 ms
+// when the program's previous calls were run by their waiters (the worker
+// then sleeps, so that waited calls cost no thread switches), or at once
+// when `.test()` polls it.
 // Calls on one communicator are executed in the order they were issued, and
 // every rank must issue the same collectives in the same order (as in MPI and
 // NCCL). Buffers must stay valid until the request completes.

@@ -561,6 +561,48 @@ TEST(CommRequest, ManyOutstandingRequestsCompleteInOrderWithoutWaiting) {
   });
 }
 
+// A program that waits on its calls runs them on its own thread; waking the
+// worker for each would cost context switches on the caller's core (see
+// Engine::submit). Calls 5 ms apart let the worker fall asleep between them,
+// so before that rule every one of them woke it. A call nobody waits on or
+// tests must still run in the background, within the worker's idle wait.
+TEST(CommRequest, WaitedCallsLeaveTheWorkerAsleepAndUnwaitedOnesStillRun) {
+  // Two CPUs for the two ranks: not oversubscribed, where wake-ups are off anyway.
+  const std::vector<detail::RankInfo> infos(2, detail::RankInfo{"localhost", -1, {std::byte{0x3}}});
+  run_comms(
+      2, test_config(),
+      [](Comm& c, int r) {
+        std::int32_t in = r + 1, out = 0;
+        ASSERT_TRUE(c.all_reduce(&in, &out, 1, DataType::i32, ReduceOp::sum).wait().ok());
+        const std::uint64_t kicks = c.impl()->worker_kicks();
+        for (int i = 0; i < 10; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          ASSERT_TRUE(c.all_reduce(&in, &out, 1, DataType::i32, ReduceOp::sum).wait().ok());
+          EXPECT_EQ(out, 3);
+        }
+        // A waiter preempted for more than the worker's grace period before
+        // it claims its call leaves that call to the worker: allow one such.
+        EXPECT_LE(c.impl()->worker_kicks() - kicks, 1u) << "waited calls woke the worker";
+
+        std::atomic<bool> ran{false};
+        out = 0;
+        Request sum = c.all_reduce(&in, &out, 1, DataType::i32, ReduceOp::sum);
+        Request flag = c.impl()->run_custom("flag", "", [&ran](coll::Group&) -> Status {
+          ran.store(true, std::memory_order_release);
+          return {};
+        });
+        const auto t0 = Clock::now();
+        while (!ran.load(std::memory_order_acquire)) {
+          ASSERT_LT(seconds_since(t0), 5.0) << "an unwaited call did not run in the background";
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        ASSERT_TRUE(sum.wait().ok());
+        EXPECT_EQ(out, 3);
+        ASSERT_TRUE(flag.wait().ok());
+      },
+      infos);
+}
+
 // ---------------------------------------------------------- custom tasks
 
 TEST(CommCustom, CustomTasksRunInOrderWithCollectiveSequenceNumbers) {
