@@ -45,9 +45,11 @@ struct Registry {
   std::unordered_set<const cclzComm*> handles;
 };
 
+// Never destroyed, like the handles it holds: they stay reachable (no
+// leak at exit), and a call from an atexit handler still finds it.
 Registry& registry() {
-  static Registry r;
-  return r;
+  static Registry* const r = new Registry;
+  return *r;
 }
 
 thread_local std::string t_last_error;

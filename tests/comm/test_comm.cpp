@@ -609,6 +609,8 @@ TEST(CommCustom, CustomTasksRunInOrderWithCollectiveSequenceNumbers) {
   run_comms(3, test_config(), [](Comm& c, int r) {
     std::vector<std::uint64_t> seqs;
     std::vector<Request> q;
+    // The all-reduces' buffers must outlive the loop: they run when waited on.
+    std::int32_t x[3] = {1, 1, 1}, y[3] = {};
     for (int i = 0; i < 3; ++i) {
       q.push_back(c.impl()->run_custom("probe", "test", [&seqs, r](coll::Group& g) -> Status {
         seqs.push_back(g.seq());
@@ -619,10 +621,10 @@ TEST(CommCustom, CustomTasksRunInOrderWithCollectiveSequenceNumbers) {
         if (st.ok() && in != (r + n - 1) % n) st = Status(Result::internal_error, "wrong neighbour");
         return st;
       }));
-      std::int32_t x = 1, y;
-      q.push_back(c.all_reduce(&x, &y, 1, DataType::i32, ReduceOp::sum));
+      q.push_back(c.all_reduce(&x[i], &y[i], 1, DataType::i32, ReduceOp::sum));
     }
-    for (auto& x : q) ASSERT_TRUE(x.wait().ok());
+    for (auto& req : q) ASSERT_TRUE(req.wait().ok());
+    for (std::int32_t v : y) EXPECT_EQ(v, 3);
     // Collectives #1, #3, #5 were the probes (the group tag space is 2 * seq).
     ASSERT_EQ(seqs.size(), 3u);
     EXPECT_EQ(seqs[0], 2u);
