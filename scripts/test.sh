@@ -42,10 +42,12 @@ main_rc=0
 meson test -C "$build" --no-rebuild --print-errorlogs || main_rc=$?
 step "meson test ($build)" $((SECONDS - t)) "$([[ $main_rc -eq 0 ]] && echo ok || echo FAILED)"
 
-# ---- 3. sanitizer build, multi-rank suite -----------------------------------
+# ---- 3. sanitizer build, multi-rank suites ----------------------------------
 # ASan/UBSan in a build of its own (b_lundef=false: the sanitizer runtimes
 # resolve symbols at load time). Only the multi-rank binaries are built: the
-# point is cclz's code under real processes, UCX and MPICH. The options:
+# point is cclz's code under real processes, UCX and MPICH, and with ranks
+# as threads of one process (the unit and communicator suites: the engine's
+# worker, requests, the C API). The options:
 #   halt_on_error=1   any ASan/UBSan report ends the process, so the test fails
 #   detect_leaks=1    with tests/mpi/lsan.supp, which suppresses leaks by
 #                     library name for UCX, MPICH and hwloc only (they keep
@@ -54,7 +56,7 @@ step "meson test ($build)" $((SECONDS - t)) "$([[ $main_rc -eq 0 ]] && echo ok |
 #                     registered memory (needed for RDMA registration caches,
 #                     not for shared memory or TCP); ASan intercepts the same
 #                     functions and the two fight over them.
-# The meson test definitions set the same ASAN/LSAN/UBSAN options, so
+# The meson test definitions set these options (tests/meson.build), so
 # running `meson test -C build-asan --suite mpi-core` by hand behaves alike.
 asan_rc=0
 if [[ ${CCLZ_SKIP_ASAN:-0} != 1 ]]; then
@@ -63,8 +65,9 @@ if [[ ${CCLZ_SKIP_ASAN:-0} != 1 ]]; then
     meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized \
       -Dbenchmarks=disabled
   fi
-  asan_targets=(tests/mpi/cclz-mpi-tests tests/mpi/cclz-fault)
-  asan_suites=(--suite mpi-core)
+  asan_targets=(tests/mpi/cclz-mpi-tests tests/mpi/cclz-fault tests/cclz-unit tests/comm/cclz-comm-test
+    tests/comm/cclz-c-header-test)
+  asan_suites=(--suite mpi-core --suite unit --suite comm)
   # libcclz_nccl through its C test, and cclz-train on real ranks, when built.
   # The target list is read whole first: `ninja ... | grep -q` under
   # pipefail fails whenever grep exits before ninja has written everything
@@ -73,6 +76,9 @@ if [[ ${CCLZ_SKIP_ASAN:-0} != 1 ]]; then
   if grep -q '^tests/nccl/cclz-nccl-test:' <<<"$asan_all_targets"; then
     asan_targets+=(tests/nccl/cclz-nccl-test tests/nccl/cclz-nccl-fallback-test tests/nccl/standin/libstandin_nccl.so)
     asan_suites+=(--suite nccl-asan)
+  fi
+  if grep -q '^tests/comm/cclz-comm-from-mpi:' <<<"$asan_all_targets"; then
+    asan_targets+=(tests/comm/cclz-comm-from-mpi)
   fi
   if grep -q '^trainers/cclz-train:' <<<"$asan_all_targets"; then
     asan_targets+=(trainers/cclz-train trainers/cclz-train-local)
