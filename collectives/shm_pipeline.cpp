@@ -66,6 +66,17 @@ void stream_out(std::byte* slot, std::byte* out, const std::byte* src, std::size
 
 }  // namespace
 
+bool stream_outputs(const Group& g, std::size_t in_bytes, std::size_t out_bytes) {
+  return static_cast<std::uint64_t>(g.size()) * (in_bytes + out_bytes) > g.shm()->llc_bytes();
+}
+
+std::size_t chunk_bytes(const detail::ShmWindow& w, bool stream, std::size_t call_bytes) {
+  const std::size_t slot = w.slot_bytes();
+  if (stream || call_bytes <= slot) return slot;
+  const auto half_l2 = static_cast<std::size_t>(w.l2_bytes() / 2);
+  return std::min(slot, std::max(std::size_t{256} << 10, half_l2) / 4096 * 4096);
+}
+
 void copy_stream(void* dst, const void* src, std::size_t n) noexcept {
   stream_out<false>(nullptr, static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), n);
 }

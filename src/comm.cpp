@@ -797,7 +797,9 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
                    (shm->allreduce_handoffs() != 0 ? std::to_string(shm->allreduce_handoffs()) : std::string("auto")) +
                    "; CCLZ_SHM_DIRECT_KB=" +
                    (shm->direct_min_bytes() == ShmWindow::kDirectOff ? std::string("off")
-                                                                     : std::to_string(shm->direct_min_bytes() >> 10)));
+                                                                     : std::to_string(shm->direct_min_bytes() >> 10)) +
+                   "; caches: L2 " + std::to_string(shm->l2_bytes() >> 10) + " KiB, last level " +
+                   std::to_string(shm->llc_bytes() >> 10) + " KiB");
   }
   std::unique_ptr<CommImpl> impl;
   try {

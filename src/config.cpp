@@ -238,6 +238,14 @@ Status config_from_env(Config* out) {
       return {Result::invalid_argument, std::string("CCLZ_SHM_ALLREDUCE_HANDOFFS='") + v + "' is not auto, 1 or 2"};
     }
   }
+  for (auto [name, out] :
+       {std::pair{"CCLZ_SHM_L2_KB", &c.shm_l2_bytes}, std::pair{"CCLZ_SHM_LLC_KB", &c.shm_llc_bytes}}) {
+    if (const char* v = env(name)) {
+      long k = 0;
+      if (Status st = int_in(name, v, 64, 1L << 30, 1, &k); !st.ok()) return st;
+      *out = static_cast<std::uint64_t>(k) << 10;
+    }
+  }
   if (const char* v = env("CCLZ_SHM_DIRECT_KB")) {
     if (lower(v) == "off") {
       c.shm_direct_min_bytes = ~std::uint64_t{0};

@@ -57,6 +57,8 @@ struct Config {
   int shm_slots = 4;
   int shm_allreduce_handoffs = 0;  // CCLZ_SHM_ALLREDUCE_HANDOFFS; 0 = auto
   std::uint64_t shm_direct_min_bytes = std::uint64_t{1024} << 10;  // CCLZ_SHM_DIRECT_KB; ~0 = off
+  std::uint64_t shm_l2_bytes = 0;   // CCLZ_SHM_L2_KB; 0 = the host's (sysfs)
+  std::uint64_t shm_llc_bytes = 0;  // CCLZ_SHM_LLC_KB; 0 = the host's (sysfs)
 
   // The deadline of an operation that starts now.
   Clock::time_point deadline_from_now() const noexcept;

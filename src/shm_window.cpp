@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
 #include <new>
 #include <random>
 #if defined(__x86_64__) || defined(__i386__)
@@ -25,7 +26,7 @@
 namespace cclz::detail {
 namespace {
 
-constexpr std::uint64_t kMagic = 0x636c7a73686d3033ULL;  // "clzshm03"
+constexpr std::uint64_t kMagic = 0x636c7a73686d3034ULL;  // "clzshm04"
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kSlotPad = 4096;
@@ -41,6 +42,8 @@ struct Header {
   std::uint64_t total_bytes;
   std::int32_t allreduce_handoffs;
   std::uint64_t direct_min_bytes;
+  std::uint64_t l2_bytes;
+  std::uint64_t llc_bytes;
 };
 
 struct alignas(kLine) RankCtl {
@@ -133,7 +136,7 @@ class ShmSegment {
   }
   ShmWindow::Geometry geometry() const {
     const Header& h = header();
-    return {h.local_size, h.slot_bytes, h.slots, h.allreduce_handoffs, h.direct_min_bytes};
+    return {h.local_size, h.slot_bytes, h.slots, h.allreduce_handoffs, h.direct_min_bytes, h.l2_bytes, h.llc_bytes};
   }
   void cache_offsets() {
     const Offsets o = offsets(geometry());
@@ -145,7 +148,16 @@ class ShmSegment {
 
   // Placement-constructs the header and control blocks of a fresh mapping.
   void init(const ShmWindow::Geometry& g, std::size_t total) {
-    auto* h = new (base_) Header{kMagic, g.local_size, g.slots, g.slot_bytes, total, g.allreduce_handoffs, g.direct_min_bytes};
+    const CacheSizes& host = host_cache_sizes();
+    auto* h = new (base_) Header{kMagic,
+                                 g.local_size,
+                                 g.slots,
+                                 g.slot_bytes,
+                                 total,
+                                 g.allreduce_handoffs,
+                                 g.direct_min_bytes,
+                                 g.l2_bytes != 0 ? g.l2_bytes : host.l2,
+                                 g.llc_bytes != 0 ? g.llc_bytes : host.llc};
     (void)h;
     const Offsets o = offsets(g);
     for (int r = 0; r < g.local_size; ++r) {
@@ -185,6 +197,44 @@ Status check_geometry(const ShmWindow::Geometry& g) {
 }
 
 }  // namespace
+
+CacheSizes read_cache_sizes(const std::string& cpu_cache_dir) {
+  CacheSizes c;
+  int llc_level = 0;
+  for (int i = 0;; ++i) {
+    const std::string dir = cpu_cache_dir + "/index" + std::to_string(i) + "/";
+    std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    int level = 0;
+    if (!(level_file >> level)) break;
+    std::string type, size;
+    if (!(type_file >> type) || type == "Instruction" || !(size_file >> size)) continue;
+    std::uint64_t bytes = 0;
+    std::size_t at = 0;
+    while (at < size.size() && size[at] >= '0' && size[at] <= '9') {
+      bytes = bytes * 10 + static_cast<std::uint64_t>(size[at++] - '0');
+    }
+    const std::string unit = size.substr(at);
+    if (unit == "K") {
+      bytes <<= 10;
+    } else if (unit == "M") {
+      bytes <<= 20;
+    } else if (!unit.empty()) {
+      continue;
+    }
+    if (bytes == 0) continue;
+    if (level == 2) c.l2 = bytes;
+    if (level >= 2 && level >= llc_level) {
+      llc_level = level;
+      c.llc = bytes;
+    }
+  }
+  return c;
+}
+
+const CacheSizes& host_cache_sizes() {
+  static const CacheSizes sizes = read_cache_sizes("/sys/devices/system/cpu/cpu0/cache");
+  return sizes;
+}
 
 Status ShmWindow::create_named(const Geometry& g, std::string* name, std::shared_ptr<ShmSegment>* out) {
   if (Status st = check_geometry(g); !st.ok()) return st;
@@ -289,6 +339,8 @@ std::size_t ShmWindow::default_slot_bytes(int local_size, int slots) noexcept {
 int ShmWindow::slots() const noexcept { return seg_->header().slots; }
 int ShmWindow::allreduce_handoffs() const noexcept { return seg_->header().allreduce_handoffs; }
 std::uint64_t ShmWindow::direct_min_bytes() const noexcept { return seg_->header().direct_min_bytes; }
+std::uint64_t ShmWindow::l2_bytes() const noexcept { return seg_->header().l2_bytes; }
+std::uint64_t ShmWindow::llc_bytes() const noexcept { return seg_->header().llc_bytes; }
 int ShmWindow::pid(int r) const noexcept { return seg_->ctl(r).pid.load(std::memory_order_acquire); }
 bool ShmWindow::one_process() const noexcept { return seg_->one_process(); }
 std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept { return seg_->slot(r, s); }

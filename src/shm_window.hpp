@@ -44,6 +44,19 @@ namespace cclz::detail {
 
 class ShmSegment;
 
+// The sizes of a CPU's level-2 and last-level (data or unified) caches, as
+// sysfs describes them under `cpu_cache_dir` (index<i>/level, type and
+// size, e.g. "1024K"); glibc's sysconf overstates the L3 of AMD's parts
+// with several core complexes (384 MiB for one 32 MiB complex). A size
+// sysfs does not give keeps its default here.
+struct CacheSizes {
+  std::uint64_t l2 = std::uint64_t{1} << 20;
+  std::uint64_t llc = std::uint64_t{32} << 20;
+};
+CacheSizes read_cache_sizes(const std::string& cpu_cache_dir);
+// cpu0's, read once.
+const CacheSizes& host_cache_sizes();
+
 class ShmWindow {
  public:
   static constexpr int kStages = 4;
@@ -72,6 +85,12 @@ class ShmWindow {
     // From the node's first rank (CCLZ_SHM_DIRECT_KB), so that every rank
     // makes the same exchange; kDirectOff: never.
     std::uint64_t direct_min_bytes = kDirectMinBytes;
+    // The cache sizes the node's collectives cut their chunks and choose
+    // their stores by (collectives/shm_pipeline.hpp); 0 = this host's
+    // (host_cache_sizes()). From the node's first rank (CCLZ_SHM_L2_KB,
+    // CCLZ_SHM_LLC_KB), so that every rank cuts a call into the same chunks.
+    std::uint64_t l2_bytes = 0;
+    std::uint64_t llc_bytes = 0;
   };
   static constexpr std::uint64_t kDirectMinBytes = std::uint64_t{1024} << 10;
   static constexpr std::uint64_t kDirectOff = ~std::uint64_t{0};
@@ -122,6 +141,8 @@ class ShmWindow {
   bool oversubscribed() const noexcept { return oversubscribed_; }
   int allreduce_handoffs() const noexcept;
   std::uint64_t direct_min_bytes() const noexcept;
+  std::uint64_t l2_bytes() const noexcept;
+  std::uint64_t llc_bytes() const noexcept;
   // The process id of local rank r (0 until it has attached).
   int pid(int r) const noexcept;
   // Whether the window's ranks are threads of this process (an anonymous

@@ -1,8 +1,8 @@
 // Node-local all-gather over the shared-memory window (see
 // shm_pipeline.hpp). Chunk by chunk: (0) each rank copies its block's chunk
 // into its slot, publishes, then copies it to its own place in its output
-// (a large output: in the same pass as the slot, before publishing, so the
-// input is read once); (1) each rank copies every peer's chunk from the
+// (a streamed output: in the same pass as the slot, before publishing, so
+// the input is read once); (1) each rank copies every peer's chunk from the
 // peer's slot into its output. Also the last phase of the hierarchical
 // all-reduce.
 //
@@ -10,31 +10,28 @@
 // skip the slots: each rank copies every rank's block straight from its
 // input into its output, one copy per byte.
 //
-// Cost: 2 stages per chunk, chunks = block bytes / slot; per rank one block
-// read and the whole output written once. Direct: 3 hand-offs, one copy.
+// Cost: 2 stages per chunk, chunks = block bytes / chunk (a slot or less,
+// shm::chunk_bytes); per rank one block read and the whole output written
+// once. Direct: 3 hand-offs, one copy.
 #include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 
 namespace cclz::coll {
-
-namespace {
-constexpr std::size_t kStreamBytes = 4 << 20;  // outputs larger than this bypass the cache
-}
 
 Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const void* mine, void* dst,
                        const allreduce_impl::BlockLayout& layout, std::size_t es) {
   detail::ShmWindow& w = *g.shm();
   const int n = g.size(), me = g.rank();
   const std::size_t unit = line_elems(es);
-  std::size_t C = w.slot_bytes() / es;
-  C = std::max(unit, C / unit * unit);
-  const std::size_t block_max = layout.max_len();
-  if (block_max == 0) return {};
-  const std::size_t chunks = (block_max + C - 1) / C;
   const auto* in = static_cast<const std::byte*>(mine);
   auto* out = static_cast<std::byte*>(dst);
   const bool own_in_place = in == out + layout.off(me) * es;
-  const bool stream = layout.count * es > kStreamBytes;
+  const bool stream = stream_outputs(g, own_in_place ? 0 : layout.len(me) * es, layout.count * es);
+  const std::size_t block_max = layout.max_len();
+  std::size_t C = chunk_bytes(w, stream, block_max * es) / es;
+  C = std::max(unit, C / unit * unit);
+  if (block_max == 0) return {};
+  const std::size_t chunks = (block_max + C - 1) / C;
   auto out_copy = stream ? copy_stream : copy;
   // Small outputs publish first and copy their own block after: the input
   // is still in the cache then, and the peers start a copy earlier.
@@ -73,7 +70,7 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t block = a.count * a.elem_size();
   auto* out = static_cast<std::byte*>(a.recvbuf);
-  auto out_copy = block * static_cast<std::size_t>(n) > kStreamBytes ? shm::copy_stream : shm::copy;
+  auto out_copy = shm::stream_outputs(g, block, block * static_cast<std::size_t>(n)) ? shm::copy_stream : shm::copy;
   // The ranks go through the blocks piece by piece (a slot's worth) at
   // about the same pace, each copying its own block's piece first: the
   // peers copy that piece a moment later and find it in the shared cache,

@@ -80,10 +80,6 @@ std::uint64_t ticks() {
 #endif
 }
 
-// Outputs larger than this are written with streaming stores: they would
-// not stay in the cache anyway, and the slots should.
-constexpr std::size_t kStreamBytes = 4 << 20;
-
 // Elements reduced and pushed at a time on the direct path: the reduced
 // block is still in L1 when it is copied out to the peers.
 constexpr std::size_t kPushBlockBytes = 16 << 10;
@@ -102,7 +98,8 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   // ranks on 2 cores, the one-pass store to one of them measured 1.1-1.4x
   // slower at 1-64 MB out of place).
   const bool pair = n == 2;
-  auto push = a.count * es > kStreamBytes ? shm::copy_stream : shm::copy;
+  const std::size_t bytes = a.count * es;
+  auto push = shm::stream_outputs(g, a.sendbuf == a.recvbuf ? 0 : bytes, bytes) ? shm::copy_stream : shm::copy;
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
   for (std::size_t o = 0; o < m; o += B) {
     const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
@@ -165,12 +162,12 @@ Status run(Group& g, const CollArgs& a) {
     return timed(shm::run_pipeline(g, sig, 1, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce"));
   }
 
-  // Chunk: C elements, one slot. My share's part of my slot is not staged
+  // Chunk: C elements, a slot or less (shm::chunk_bytes). My share's part of my slot is not staged
   // (nobody else reads my input there); it holds my share's result instead.
   const std::size_t unit = shm::line_elems(es) * static_cast<std::size_t>(n);
-  const std::size_t C = std::max(unit, w.slot_bytes() / es / unit * unit);
+  const bool stream = shm::stream_outputs(g, a.sendbuf == a.recvbuf ? 0 : bytes, bytes);
+  const std::size_t C = std::max(unit, shm::chunk_bytes(w, stream, bytes) / es / unit * unit);
   const std::size_t chunks = (a.count + C - 1) / C;
-  const bool stream = bytes > kStreamBytes;
   auto out_copy = stream ? shm::copy_stream : shm::copy;
 
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {

@@ -18,13 +18,12 @@
 namespace cclz::coll {
 namespace {
 
-constexpr std::size_t kStreamBytes = 4 << 20;
-
 void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t block = a.count * a.elem_size();
   auto* out = static_cast<std::byte*>(a.recvbuf);
-  auto out_copy = block * static_cast<std::size_t>(n) > kStreamBytes ? shm::copy_stream : shm::copy;
+  const std::size_t bytes = block * static_cast<std::size_t>(n);
+  auto out_copy = shm::stream_outputs(g, bytes, bytes) ? shm::copy_stream : shm::copy;
   for (int k = 1; k <= n; ++k) {
     const int q = (me + k) % n;
     out_copy(out + static_cast<std::size_t>(q) * block,
@@ -49,7 +48,8 @@ Status run(Group& g, const CollArgs& a) {
   const std::size_t chunks = (a.count + C - 1) / C;
   const auto* in = static_cast<const std::byte*>(a.sendbuf);
   auto* out = static_cast<std::byte*>(a.recvbuf);
-  auto out_copy = a.count * es * static_cast<std::size_t>(n) > kStreamBytes ? shm::copy_stream : shm::copy;
+  const std::size_t bytes = a.count * es * static_cast<std::size_t>(n);
+  auto out_copy = shm::stream_outputs(g, in == out ? 0 : bytes, bytes) ? shm::copy_stream : shm::copy;
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     const std::size_t first = c * C, m = std::min(C, a.count - first);
     for (int q = 0; q < n; ++q) {

@@ -115,9 +115,16 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     EXPECT_EQ(cfg.shm_direct_min_bytes, bytes) << value;
   }
   {
+    ScopedEnv l2("CCLZ_SHM_L2_KB", "2048"), llc("CCLZ_SHM_LLC_KB", "65536");
+    detail::Config cfg;
+    ASSERT_TRUE(detail::config_from_env(&cfg).ok());
+    EXPECT_EQ(cfg.shm_l2_bytes, std::uint64_t{2} << 20);
+    EXPECT_EQ(cfg.shm_llc_bytes, std::uint64_t{64} << 20);
+  }
+  {
     ScopedEnv t("CCLZ_TIMEOUT", nullptr), c("CCLZ_CHECK", nullptr), d("CCLZ_DEBUG", nullptr),
         a("CCLZ_ALGO", nullptr), l("CCLZ_LOCAL_SIZE", nullptr), h("CCLZ_SHM_ALLREDUCE_HANDOFFS", nullptr),
-        k("CCLZ_SHM_DIRECT_KB", nullptr);
+        k("CCLZ_SHM_DIRECT_KB", nullptr), l2("CCLZ_SHM_L2_KB", nullptr), llc("CCLZ_SHM_LLC_KB", nullptr);
     detail::Config cfg;
     ASSERT_TRUE(detail::config_from_env(&cfg).ok());
     EXPECT_EQ(cfg.timeout_s, 300.0);
@@ -127,6 +134,8 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     EXPECT_EQ(cfg.local_size, 0);
     EXPECT_EQ(cfg.shm_allreduce_handoffs, 0);
     EXPECT_EQ(cfg.shm_direct_min_bytes, std::uint64_t{1024} << 10);
+    EXPECT_EQ(cfg.shm_l2_bytes, 0u);
+    EXPECT_EQ(cfg.shm_llc_bytes, 0u);
   }
   struct Bad {
     const char* name;
@@ -137,7 +146,8 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
                 Bad{"CCLZ_LOCAL_SIZE", "2x"}, Bad{"CCLZ_SPIN_US", "fast"}, Bad{"CCLZ_YIELD_US", "-5"},
                 Bad{"CCLZ_POLL_MS", "0"}, Bad{"CCLZ_POLL_MS", "1ms"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "3"},
                 Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "0"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "one"},
-                Bad{"CCLZ_SHM_DIRECT_KB", "-1"}, Bad{"CCLZ_SHM_DIRECT_KB", "1M"}, Bad{"CCLZ_SHM_DIRECT_KB", "never"}}) {
+                Bad{"CCLZ_SHM_DIRECT_KB", "-1"}, Bad{"CCLZ_SHM_DIRECT_KB", "1M"}, Bad{"CCLZ_SHM_DIRECT_KB", "never"},
+                Bad{"CCLZ_SHM_L2_KB", "0"}, Bad{"CCLZ_SHM_L2_KB", "1M"}, Bad{"CCLZ_SHM_LLC_KB", "-32768"}}) {
     ScopedEnv e(b.name, b.value);
     detail::Config cfg;
     Status st = detail::config_from_env(&cfg);

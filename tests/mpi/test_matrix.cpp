@@ -248,12 +248,17 @@ struct Big {
 constexpr Big kBig[] = {{DataType::f32, ReduceOp::sum}, {DataType::bf16, ReduceOp::avg},
                         {DataType::i32, ReduceOp::max}, {DataType::f16, ReduceOp::prod},
                         {DataType::u8, ReduceOp::min}, {DataType::f64, ReduceOp::sum}};
+// With the caches tests/mpi/meson.build sets (1 MiB level 2, 32 MiB last
+// level), on 2 ranks these calls are larger than a slot and their buffers
+// fit in the cache: the shared-memory algorithms run them in 512 KiB chunks
+// with ordinary stores.
 constexpr std::size_t kBigBytes = 3u << 20;
-// Above the 4 MB from which the shared-memory algorithms write outputs with
-// streaming stores (and copy a large input to a slot and to the output in
-// one pass): those paths run only for the shm and default algorithms' calls
-// of this size.
-constexpr std::size_t kStreamBytes = 5u << 20;
+// Large enough that the node's buffers exceed the last level at every rank
+// count (an all-gather on 2 ranks: 2 x (6 + 12) MB), so that the
+// shared-memory algorithms write outputs with streaming stores (and copy a
+// large input to a slot and to the output in one pass): those paths run
+// only for the shm and default algorithms' calls of this size.
+constexpr std::size_t kStreamBytes = 12u << 20;
 
 class Matrix : public ::testing::TestWithParam<Param> {};
 

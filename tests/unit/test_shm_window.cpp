@@ -11,7 +11,10 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -80,6 +83,87 @@ TEST(ShmWindow, AnonymousSlotsAreMappedAtCreation) {
   ASSERT_TRUE(ShmWindow::create_anonymous(geometry(), &seg).ok());
   const ShmWindow w(seg, {0, 1, 2}, 0, false);
   expect_slots_mapped(w, "anonymous");
+}
+
+// The cache sizes the collectives plan with travel in the window from its
+// creator: every rank must cut a call into the same chunks.
+TEST(ShmWindow, CarriesTheCreatorsCacheSizes) {
+  ShmWindow::Geometry g = geometry();
+  g.l2_bytes = std::uint64_t{2} << 20;
+  g.llc_bytes = std::uint64_t{96} << 20;
+  std::string name;
+  std::shared_ptr<ShmSegment> created, opened;
+  ASSERT_TRUE(ShmWindow::create_named(g, &name, &created).ok());
+  const Status st = ShmWindow::open_named(name, &opened);
+  ShmWindow::unlink_named(name);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  const ShmWindow second(opened, {0, 1, 2}, 1, false);
+  EXPECT_EQ(second.l2_bytes(), std::uint64_t{2} << 20);
+  EXPECT_EQ(second.llc_bytes(), std::uint64_t{96} << 20);
+
+  std::shared_ptr<ShmSegment> seg;
+  ASSERT_TRUE(ShmWindow::create_anonymous(geometry(), &seg).ok());  // 0: the host's
+  const ShmWindow w(seg, {0, 1, 2}, 0, false);
+  EXPECT_EQ(w.l2_bytes(), host_cache_sizes().l2);
+  EXPECT_EQ(w.llc_bytes(), host_cache_sizes().llc);
+}
+
+// A sysfs cache directory written by the test.
+class CacheDir {
+ public:
+  CacheDir() {
+    char tmpl[] = "/tmp/cclz-cache-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    root_ = tmpl;
+  }
+  ~CacheDir() { std::filesystem::remove_all(root_); }
+  void add(int index, const std::string& level, const std::string& type, const std::string& size) {
+    const std::filesystem::path dir = root_ / ("index" + std::to_string(index));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "level") << level << "\n";
+    std::ofstream(dir / "type") << type << "\n";
+    if (!size.empty()) std::ofstream(dir / "size") << size << "\n";
+  }
+  std::string path() const { return root_.string(); }
+
+ private:
+  std::filesystem::path root_;
+};
+
+TEST(CacheSizes, ReadsLevelTwoAndTheLastLevelFromSysfs) {
+  CacheDir d;
+  d.add(0, "1", "Data", "48K");
+  d.add(1, "1", "Instruction", "32K");
+  d.add(2, "2", "Unified", "2048K");
+  d.add(3, "3", "Unified", "96M");
+  const CacheSizes c = read_cache_sizes(d.path());
+  EXPECT_EQ(c.l2, std::uint64_t{2} << 20);
+  EXPECT_EQ(c.llc, std::uint64_t{96} << 20);
+}
+
+TEST(CacheSizes, NoLevelThreeMakesLevelTwoTheLast) {
+  CacheDir d;
+  d.add(0, "1", "Data", "32K");
+  d.add(1, "2", "Unified", "512K");
+  const CacheSizes c = read_cache_sizes(d.path());
+  EXPECT_EQ(c.l2, std::uint64_t{512} << 10);
+  EXPECT_EQ(c.llc, std::uint64_t{512} << 10);
+}
+
+TEST(CacheSizes, WhatSysfsDoesNotSayKeepsTheDefaults) {
+  const CacheSizes defaults;
+  const CacheSizes none = read_cache_sizes("/nonexistent/cclz/cache");
+  EXPECT_EQ(none.l2, defaults.l2);
+  EXPECT_EQ(none.llc, defaults.llc);
+
+  CacheDir d;
+  d.add(0, "2", "Unified", "lots");   // not a size
+  d.add(1, "3", "Unified", "");       // no size file
+  d.add(2, "3", "Instruction", "8M");  // not data
+  d.add(3, "3", "Unified", "0K");
+  const CacheSizes c = read_cache_sizes(d.path());
+  EXPECT_EQ(c.l2, defaults.l2);
+  EXPECT_EQ(c.llc, defaults.llc);
 }
 
 }  // namespace
