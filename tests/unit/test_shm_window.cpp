@@ -131,23 +131,29 @@ class CacheDir {
 };
 
 TEST(CacheSizes, ReadsLevelTwoAndTheLastLevelFromSysfs) {
-  CacheDir d;
-  d.add(0, "1", "Data", "48K");
-  d.add(1, "1", "Instruction", "32K");
-  d.add(2, "2", "Unified", "2048K");
-  d.add(3, "3", "Unified", "96M");
-  const CacheSizes c = read_cache_sizes(d.path());
-  EXPECT_EQ(c.l2, std::uint64_t{2} << 20);
-  EXPECT_EQ(c.llc, std::uint64_t{96} << 20);
-}
-
-TEST(CacheSizes, NoLevelThreeMakesLevelTwoTheLast) {
-  CacheDir d;
-  d.add(0, "1", "Data", "32K");
-  d.add(1, "2", "Unified", "512K");
-  const CacheSizes c = read_cache_sizes(d.path());
-  EXPECT_EQ(c.l2, std::uint64_t{512} << 10);
-  EXPECT_EQ(c.llc, std::uint64_t{512} << 10);
+  struct Entry {
+    const char *level, *type, *size;
+  };
+  struct Case {
+    std::vector<Entry> entries;
+    std::uint64_t l2, llc;
+  };
+  const Case cases[] = {
+      {{{"1", "Data", "48K"}, {"1", "Instruction", "32K"}, {"2", "Unified", "2048K"}, {"3", "Unified", "96M"}},
+       std::uint64_t{2} << 20,
+       std::uint64_t{96} << 20},
+      // No level 3: the level 2 is the last level.
+      {{{"1", "Data", "32K"}, {"2", "Unified", "512K"}}, std::uint64_t{512} << 10, std::uint64_t{512} << 10},
+  };
+  for (const Case& k : cases) {
+    CacheDir d;
+    for (std::size_t i = 0; i < k.entries.size(); ++i) {
+      d.add(static_cast<int>(i), k.entries[i].level, k.entries[i].type, k.entries[i].size);
+    }
+    const CacheSizes c = read_cache_sizes(d.path());
+    EXPECT_EQ(c.l2, k.l2);
+    EXPECT_EQ(c.llc, k.llc);
+  }
 }
 
 TEST(CacheSizes, WhatSysfsDoesNotSayKeepsTheDefaults) {
