@@ -14,11 +14,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstring>
 #include <fstream>
 #include <new>
 #include <random>
+#include <string_view>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -209,11 +211,9 @@ CacheSizes read_cache_sizes(const std::string& cpu_cache_dir) {
     std::string type, size;
     if (!(type_file >> type) || type == "Instruction" || !(size_file >> size)) continue;
     std::uint64_t bytes = 0;
-    std::size_t at = 0;
-    while (at < size.size() && size[at] >= '0' && size[at] <= '9') {
-      bytes = bytes * 10 + static_cast<std::uint64_t>(size[at++] - '0');
-    }
-    const std::string unit = size.substr(at);
+    const auto [end, err] = std::from_chars(size.data(), size.data() + size.size(), bytes);
+    if (err != std::errc{}) continue;
+    const std::string_view unit(end, static_cast<std::size_t>(size.data() + size.size() - end));
     if (unit == "K") {
       bytes <<= 10;
     } else if (unit == "M") {

@@ -26,11 +26,11 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
   const auto* in = static_cast<const std::byte*>(mine);
   auto* out = static_cast<std::byte*>(dst);
   const bool own_in_place = in == out + layout.off(me) * es;
-  const bool stream = stream_outputs(g, own_in_place ? 0 : layout.len(me) * es, layout.count * es);
   const std::size_t block_max = layout.max_len();
+  if (block_max == 0) return {};
+  const bool stream = stream_outputs(g, own_in_place ? 0 : layout.len(me) * es, layout.count * es);
   std::size_t C = chunk_bytes(w, stream, block_max * es) / es;
   C = std::max(unit, C / unit * unit);
-  if (block_max == 0) return {};
   const std::size_t chunks = (block_max + C - 1) / C;
   auto out_copy = stream ? copy_stream : copy;
   // Small outputs publish first and copy their own block after: the input

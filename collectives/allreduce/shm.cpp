@@ -32,7 +32,8 @@
 // in place 126 -> 79 us, out of place 150 -> 123; docs/performance.md).
 // CPU work per rank: 1/n reduced, (n-1)/n copied, no staging.
 //
-// Cost: 2 (one hand-off) or 3 stages per chunk, chunks = bytes / slot;
+// Cost: 2 (one hand-off) or 3 stages per chunk, chunks = bytes / chunk (a
+// slot or less, shm::chunk_bytes);
 // direct: the agreement's 2 hand-offs and the fence's 1.
 #include "allreduce/common.hpp"
 #include "allreduce/handoffs.hpp"
@@ -98,8 +99,8 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   // ranks on 2 cores, the one-pass store to one of them measured 1.1-1.4x
   // slower at 1-64 MB out of place).
   const bool pair = n == 2;
-  const std::size_t bytes = a.count * es;
-  auto push = shm::stream_outputs(g, a.sendbuf == a.recvbuf ? 0 : bytes, bytes) ? shm::copy_stream : shm::copy;
+  const std::size_t whole = a.count * es;
+  auto push = shm::stream_outputs(g, a.sendbuf == a.recvbuf ? 0 : whole, whole) ? shm::copy_stream : shm::copy;
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
   for (std::size_t o = 0; o < m; o += B) {
     const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
@@ -162,8 +163,9 @@ Status run(Group& g, const CollArgs& a) {
     return timed(shm::run_pipeline(g, sig, 1, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce"));
   }
 
-  // Chunk: C elements, a slot or less (shm::chunk_bytes). My share's part of my slot is not staged
-  // (nobody else reads my input there); it holds my share's result instead.
+  // Chunk: C elements, a slot or less (shm::chunk_bytes). My share's part
+  // of my slot is not staged (nobody else reads my input there); it holds
+  // my share's result instead.
   const std::size_t unit = shm::line_elems(es) * static_cast<std::size_t>(n);
   const bool stream = shm::stream_outputs(g, a.sendbuf == a.recvbuf ? 0 : bytes, bytes);
   const std::size_t C = std::max(unit, shm::chunk_bytes(w, stream, bytes) / es / unit * unit);
