@@ -1,7 +1,10 @@
 #include "shm_pipeline.hpp"
 
+#include <chrono>
+
 #if defined(__x86_64__)
 #include <emmintrin.h>
+#include <x86intrin.h>
 #endif
 
 namespace cclz::coll::shm {
@@ -31,7 +34,7 @@ namespace {
 // a large source once (a second pass finds it evicted by the first pass's
 // writes and reads it from memory again: a 64 MB all-gather on 2 ranks,
 // 5.2 -> 4.3 ms).
-template <bool kToSlot>
+template <bool kToSlot, bool kSlotStreamed = false>
 void stream_out(std::byte* slot, std::byte* out, const std::byte* src, std::size_t n) noexcept {
 #if defined(__x86_64__)
   const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(out) % 16) % 16;
@@ -45,7 +48,9 @@ void stream_out(std::byte* slot, std::byte* out, const std::byte* src, std::size
     const std::byte* s = src + head + i;
     __m128i v[4];
     for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * k));
-    if constexpr (kToSlot) {
+    if constexpr (kToSlot && kSlotStreamed) {
+      for (int k = 0; k < 4; ++k) _mm_stream_si128(reinterpret_cast<__m128i*>(slot + head + i + 16 * k), v[k]);
+    } else if constexpr (kToSlot) {
       for (int k = 0; k < 4; ++k) _mm_storeu_si128(reinterpret_cast<__m128i*>(slot + head + i + 16 * k), v[k]);
     }
     for (int k = 0; k < 4; ++k) _mm_stream_si128(reinterpret_cast<__m128i*>(out + head + i + 16 * k), v[k]);
@@ -81,9 +86,63 @@ void copy_stream(void* dst, const void* src, std::size_t n) noexcept {
   stream_out<false>(nullptr, static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), n);
 }
 
-void copy_and_stream(void* slot, void* out, const void* src, std::size_t n) noexcept {
-  stream_out<true>(static_cast<std::byte*>(slot), static_cast<std::byte*>(out), static_cast<const std::byte*>(src),
-                   n);
+void copy_and_stream(void* slot, void* out, const void* src, std::size_t n, bool slot_streamed) noexcept {
+  auto* s = static_cast<std::byte*>(slot);
+  auto* o = static_cast<std::byte*>(out);
+  const auto* from = static_cast<const std::byte*>(src);
+  if (slot_streamed && (reinterpret_cast<std::uintptr_t>(s) - reinterpret_cast<std::uintptr_t>(o)) % 16 != 0) {
+    // Streaming stores need 16-byte alignment, which one pass gives only to
+    // destinations aligned alike; the second pass finds src in the cache.
+    copy_stream(s, from, n);
+    copy_stream(o, from, n);
+  } else if (slot_streamed) {
+    stream_out<true, true>(s, o, from, n);
+  } else {
+    stream_out<true>(s, o, from, n);
+  }
+}
+
+std::uint64_t ticks() noexcept {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
+
+SlotStoreCall::SlotStoreCall(Group& g, const detail::ShmWindow::CallSig& sig, bool in_place, std::size_t bytes,
+                             bool stream)
+    : g_(g), bytes_(bytes) {
+  detail::ShmWindow& w = *g.shm();
+  if (!stream) return;
+  if (w.slot_stores() != 0) {
+    stores_ = w.slot_stores() == 2 ? SlotStores::memory : SlotStores::cache;
+    return;
+  }
+  state_ = &w.local_state<SlotStoreState>();
+  if (g.rank() == 0) {
+    band_ = SlotStoreChooser::band(sig.shape, in_place, bytes);
+    stores_ = state_->chooser.pick(band_);
+    start_ = ticks();
+  } else {
+    stores_ = state_->in_effect;
+  }
+}
+
+void SlotStoreCall::at_stage(std::size_t c, std::uint64_t slot, int t) {
+  if (state_ == nullptr || c != 0) return;
+  if (t == 0 && g_.rank() == 0) g_.shm()->set_call_hint(slot, static_cast<std::uint64_t>(stores_));
+  if (t == 1 && g_.rank() != 0) {
+    stores_ = (g_.shm()->call_hint(0, slot) & 1) != 0 ? SlotStores::memory : SlotStores::cache;
+    state_->in_effect = stores_;
+  }
+}
+
+Status SlotStoreCall::finish(Status st) {
+  if (state_ != nullptr && g_.rank() == 0 && st.ok() && bytes_ != 0) {
+    state_->chooser.record(band_, stores_, static_cast<double>(ticks() - start_) / static_cast<double>(bytes_));
+  }
+  return st;
 }
 
 }  // namespace cclz::coll::shm

@@ -26,6 +26,7 @@
 #include "algorithm.hpp"
 #include "allreduce/common.hpp"
 #include "shm_window.hpp"
+#include "slot_stores.hpp"
 
 namespace cclz::coll::shm {
 
@@ -125,11 +126,12 @@ struct Shares {
 inline std::size_t line_elems(std::size_t es) { return std::max<std::size_t>(1, 64 / es); }
 
 // Copies n bytes; large copies into memory the caller will not read soon
-// may bypass the cache (see shm_pipeline.cpp). copy_and_stream copies src
-// both into a slot (cached) and to an output (bypassing the cache) in one pass.
+// may bypass the cache (see shm_pipeline.cpp).
 void copy(void* dst, const void* src, std::size_t n) noexcept;
 void copy_stream(void* dst, const void* src, std::size_t n) noexcept;
-void copy_and_stream(void* slot, void* out, const void* src, std::size_t n) noexcept;
+// copy_and_stream copies src both into a slot and to an output (bypassing
+// the cache) in one pass; the slot too bypasses it when `slot_streamed`.
+void copy_and_stream(void* slot, void* out, const void* src, std::size_t n, bool slot_streamed = false) noexcept;
 
 // Whether a call writes its outputs with streaming stores: when the node's
 // buffers (every local rank's in_bytes + out_bytes; pass in_bytes 0 in
@@ -151,6 +153,34 @@ bool stream_outputs(const Group& g, std::size_t in_bytes, std::size_t out_bytes)
 // ranks, 1 MiB level 2: 1 MiB chunks made 2-8 MB all-gathers 1.2-1.9x
 // slower than 512 KiB ones).
 std::size_t chunk_bytes(const detail::ShmWindow& w, bool stream, std::size_t call_bytes);
+
+// A steady clock cheap enough to read around every call.
+std::uint64_t ticks() noexcept;
+
+// The slot stores of one call (slot_stores.hpp). Made after the call has
+// decided whether it streams; a call that does not, or whose window fixes
+// the stores (CCLZ_SHM_SLOT_STORES), is neither timed nor sends a hint.
+// The body calls at_stage() first in every stage (it sends or takes rank
+// 0's choice in the first chunk), copies into its own slot with to_slot(),
+// and the call returns through finish().
+class SlotStoreCall {
+ public:
+  SlotStoreCall(Group& g, const detail::ShmWindow::CallSig& sig, bool in_place, std::size_t bytes, bool stream);
+  bool memory() const noexcept { return stores_ == SlotStores::memory; }
+  void at_stage(std::size_t c, std::uint64_t slot, int t);
+  void to_slot(void* slot, const void* src, std::size_t n) const noexcept {
+    (memory() ? copy_stream : copy)(slot, src, n);
+  }
+  Status finish(Status st);
+
+ private:
+  Group& g_;
+  SlotStoreState* state_ = nullptr;  // null: fixed (not streamed, or by the window)
+  SlotStores stores_ = SlotStores::cache;
+  std::uint32_t band_ = 0;
+  std::size_t bytes_ = 0;
+  std::uint64_t start_ = 0;
+};
 
 // The node-local phases hierarchical algorithms are built from (defined in
 // reduce_scatter/shm.cpp and allgather/shm.cpp). `layout` gives every rank's

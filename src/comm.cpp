@@ -795,6 +795,8 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
                                           : "the host's ranks have CPUs of their own: waits spin first") +
                    "; CCLZ_SHM_ALLREDUCE_HANDOFFS=" +
                    (shm->allreduce_handoffs() != 0 ? std::to_string(shm->allreduce_handoffs()) : std::string("auto")) +
+                   "; CCLZ_SHM_SLOT_STORES=" +
+                   (shm->slot_stores() == 0 ? "auto" : shm->slot_stores() == 1 ? "cache" : "memory") +
                    "; CCLZ_SHM_DIRECT_KB=" +
                    (shm->direct_min_bytes() == ShmWindow::kDirectOff ? std::string("off")
                                                                      : std::to_string(shm->direct_min_bytes() >> 10)) +

@@ -238,6 +238,18 @@ Status config_from_env(Config* out) {
       return {Result::invalid_argument, std::string("CCLZ_SHM_ALLREDUCE_HANDOFFS='") + v + "' is not auto, 1 or 2"};
     }
   }
+  if (const char* v = env("CCLZ_SHM_SLOT_STORES")) {
+    const std::string l = lower(v);
+    if (l == "auto") {
+      c.shm_slot_stores = 0;
+    } else if (l == "cache") {
+      c.shm_slot_stores = 1;
+    } else if (l == "memory") {
+      c.shm_slot_stores = 2;
+    } else {
+      return {Result::invalid_argument, std::string("CCLZ_SHM_SLOT_STORES='") + v + "' is not auto, cache or memory"};
+    }
+  }
   for (auto [name, out] :
        {std::pair{"CCLZ_SHM_L2_KB", &c.shm_l2_bytes}, std::pair{"CCLZ_SHM_LLC_KB", &c.shm_llc_bytes}}) {
     if (const char* v = env(name)) {

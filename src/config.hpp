@@ -14,6 +14,10 @@
 //   CCLZ_SHM_ALLREDUCE_HANDOFFS=auto|1|2  node-local all-reduce of at most 64 KiB
 //                             per peer: protocol chosen by measurement, or fixed
 //                             (the node's first rank's setting applies)
+//   CCLZ_SHM_SLOT_STORES=auto|cache|memory  how streamed node-local calls
+//                             write what peers read from their slots: chosen by
+//                             measurement, or fixed (the node's first rank's
+//                             setting applies)
 //   CCLZ_SHM_DIRECT_KB=<KiB>|off  node-local calls whose largest buffer is at
 //                             least this large copy straight between the ranks'
 //                             buffers when every rank's are mapped (mem_alloc;
@@ -56,6 +60,7 @@ struct Config {
   std::size_t shm_slot_bytes = 0;  // CCLZ_SHM_SLOT_KB; 0 = chosen per node (default_slot_bytes)
   int shm_slots = 4;
   int shm_allreduce_handoffs = 0;  // CCLZ_SHM_ALLREDUCE_HANDOFFS; 0 = auto
+  int shm_slot_stores = 0;         // CCLZ_SHM_SLOT_STORES; 0 = auto, 1 = cache, 2 = memory
   std::uint64_t shm_direct_min_bytes = std::uint64_t{1024} << 10;  // CCLZ_SHM_DIRECT_KB; ~0 = off
   std::uint64_t shm_l2_bytes = 0;   // CCLZ_SHM_L2_KB; 0 = the host's (sysfs)
   std::uint64_t shm_llc_bytes = 0;  // CCLZ_SHM_LLC_KB; 0 = the host's (sysfs)

@@ -28,7 +28,7 @@
 namespace cclz::detail {
 namespace {
 
-constexpr std::uint64_t kMagic = 0x636c7a73686d3034ULL;  // "clzshm04"
+constexpr std::uint64_t kMagic = 0x636c7a73686d3035ULL;  // "clzshm05"
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kSlotPad = 4096;
@@ -46,6 +46,7 @@ struct Header {
   std::uint64_t direct_min_bytes;
   std::uint64_t l2_bytes;
   std::uint64_t llc_bytes;
+  std::int32_t slot_stores;
 };
 
 struct alignas(kLine) RankCtl {
@@ -138,7 +139,8 @@ class ShmSegment {
   }
   ShmWindow::Geometry geometry() const {
     const Header& h = header();
-    return {h.local_size, h.slot_bytes, h.slots, h.allreduce_handoffs, h.direct_min_bytes, h.l2_bytes, h.llc_bytes};
+    return {h.local_size, h.slot_bytes, h.slots, h.allreduce_handoffs, h.direct_min_bytes, h.l2_bytes, h.llc_bytes,
+            h.slot_stores};
   }
   void cache_offsets() {
     const Offsets o = offsets(geometry());
@@ -159,7 +161,8 @@ class ShmSegment {
                                  g.allreduce_handoffs,
                                  g.direct_min_bytes,
                                  g.l2_bytes != 0 ? g.l2_bytes : host.l2,
-                                 g.llc_bytes != 0 ? g.llc_bytes : host.llc};
+                                 g.llc_bytes != 0 ? g.llc_bytes : host.llc,
+                                 g.slot_stores};
     (void)h;
     const Offsets o = offsets(g);
     for (int r = 0; r < g.local_size; ++r) {
@@ -189,11 +192,12 @@ namespace {
 Status check_geometry(const ShmWindow::Geometry& g) {
   if (g.local_size < 1 || g.local_size > 512 || g.slots < 1 || g.slots > 64 || g.slot_bytes == 0 ||
       g.slot_bytes % kPage != 0 || g.slot_bytes > (std::size_t{1} << 30) || g.allreduce_handoffs < 0 ||
-      g.allreduce_handoffs > 2) {
+      g.allreduce_handoffs > 2 || g.slot_stores < 0 || g.slot_stores > 2) {
     return {Result::invalid_argument, "shared-memory window: bad geometry (" + std::to_string(g.local_size) +
                                           " ranks, " + std::to_string(g.slots) + " slots of " +
                                           std::to_string(g.slot_bytes) + " bytes, all-reduce hand-offs " +
-                                          std::to_string(g.allreduce_handoffs) + ")"};
+                                          std::to_string(g.allreduce_handoffs) + ", slot stores " +
+                                          std::to_string(g.slot_stores) + ")"};
   }
   return {};
 }
@@ -338,6 +342,7 @@ std::size_t ShmWindow::default_slot_bytes(int local_size, int slots) noexcept {
 }
 int ShmWindow::slots() const noexcept { return seg_->header().slots; }
 int ShmWindow::allreduce_handoffs() const noexcept { return seg_->header().allreduce_handoffs; }
+int ShmWindow::slot_stores() const noexcept { return seg_->header().slot_stores; }
 std::uint64_t ShmWindow::direct_min_bytes() const noexcept { return seg_->header().direct_min_bytes; }
 std::uint64_t ShmWindow::l2_bytes() const noexcept { return seg_->header().l2_bytes; }
 std::uint64_t ShmWindow::llc_bytes() const noexcept { return seg_->header().llc_bytes; }

@@ -91,6 +91,11 @@ class ShmWindow {
     // CCLZ_SHM_LLC_KB), so that every rank cuts a call into the same chunks.
     std::uint64_t l2_bytes = 0;
     std::uint64_t llc_bytes = 0;
+    // How streamed calls write what their peers read from their slots (see
+    // collectives/slot_stores.hpp): 0 = chosen by measurement on the node's
+    // first rank, 1 = ordinary stores, 2 = streaming stores
+    // (CCLZ_SHM_SLOT_STORES).
+    int slot_stores = 0;
   };
   static constexpr std::uint64_t kDirectMinBytes = std::uint64_t{1024} << 10;
   static constexpr std::uint64_t kDirectOff = ~std::uint64_t{0};
@@ -140,6 +145,7 @@ class ShmWindow {
   // Whether the node's ranks outnumber its cores (then waits never spin).
   bool oversubscribed() const noexcept { return oversubscribed_; }
   int allreduce_handoffs() const noexcept;
+  int slot_stores() const noexcept;
   std::uint64_t direct_min_bytes() const noexcept;
   std::uint64_t l2_bytes() const noexcept;
   std::uint64_t llc_bytes() const noexcept;

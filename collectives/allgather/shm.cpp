@@ -40,13 +40,16 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
     const std::size_t len = layout.len(q), first = std::min(len, c * C);
     return std::min(C, len - first);
   };
+  SlotStoreCall stores(g, sig, own_in_place, layout.count * es, stream);
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
+    stores.at_stage(c, slot, t);
     if (t == 0) {
       const std::size_t m = piece(me, c);
       if (m != 0 && own_with_slot) {
-        copy_and_stream(w.slot(me, slot), out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
+        copy_and_stream(w.slot(me, slot), out + (layout.off(me) + c * C) * es, in + c * C * es, m * es,
+                        stores.memory());
       } else if (m != 0) {
-        copy(w.slot(me, slot), in + c * C * es, m * es);
+        stores.to_slot(w.slot(me, slot), in + c * C * es, m * es);
       }
     } else {
       for (int q = 0; q < n; ++q) {
@@ -61,7 +64,7 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
     if (t != 0 || m == 0 || own_in_place || own_with_slot) return;
     out_copy(out + (layout.off(me) + c * C) * es, in + c * C * es, m * es);
   };
-  return run_pipeline(g, sig, chunks, 2, body, [](int) { return Deps::all(); }, "all_gather", own);
+  return stores.finish(run_pipeline(g, sig, chunks, 2, body, [](int) { return Deps::all(); }, "all_gather", own));
 }
 
 namespace {

@@ -40,10 +40,6 @@
 #include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
-
 namespace cclz::coll {
 namespace {
 
@@ -72,14 +68,11 @@ int fixed_handoffs(const detail::ShmWindow& w, std::size_t bytes, int n, int* ba
   return *band < 0 ? 2 : 0;
 }
 
-// A steady clock cheap enough to read twice per microsecond-long call.
-std::uint64_t ticks() {
-#if defined(__x86_64__)
-  return __rdtsc();
-#else
-  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-#endif
-}
+// Where a streamed call's share is reduced before one pass streams it to
+// the slot and the output (slot_stores.hpp); a chunk's share at most.
+struct ShareScratch {
+  std::vector<std::byte> bytes;
+};
 
 // Elements reduced and pushed at a time on the direct path: the reduced
 // block is still in L1 when it is copied out to the peers.
@@ -144,9 +137,9 @@ Status run(Group& g, const CollArgs& a) {
     if (t == 0 && me == 0) w.set_call_hint(slot, chooser->wanted());
     if (t == 1) chooser->take(w.call_hint(0, slot));
   };
-  const std::uint64_t start = chooser != nullptr && me == 0 ? ticks() : 0;
+  const std::uint64_t start = chooser != nullptr && me == 0 ? shm::ticks() : 0;
   auto timed = [&](Status st) {
-    if (st.ok() && chooser != nullptr && me == 0) chooser->record(band, hand_offs, ticks() - start);
+    if (st.ok() && chooser != nullptr && me == 0) chooser->record(band, hand_offs, shm::ticks() - start);
     return st;
   };
 
@@ -171,6 +164,16 @@ Status run(Group& g, const CollArgs& a) {
   const std::size_t C = std::max(unit, shm::chunk_bytes(w, stream, bytes) / es / unit * unit);
   const std::size_t chunks = (a.count + C - 1) / C;
   auto out_copy = stream ? shm::copy_stream : shm::copy;
+  // Through memory, my share's result goes to my slot and my output in one
+  // streamed pass, from a buffer of this process the reduce writes in the
+  // cache. (The hand-off chooser's calls send their own hint.)
+  shm::SlotStoreCall stores(g, sig, a.sendbuf == a.recvbuf, bytes, stream && chooser == nullptr);
+  std::byte* result = nullptr;
+  if (stream && chooser == nullptr) {
+    auto& scratch = w.local_state<ShareScratch>().bytes;
+    if (scratch.size() < C * es) scratch.resize(C * es);
+    result = scratch.data();
+  }
 
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     const std::size_t first = c * C, len = std::min(C, a.count - first);
@@ -178,15 +181,21 @@ Status run(Group& g, const CollArgs& a) {
     const std::size_t off = sh.off(me), m = sh.size(me);
     std::byte* mine = w.slot(me, slot);
     exchange_choices(slot, t);
+    stores.at_stage(c, slot, t);
     if (t == 0) {
-      shm::copy(mine, src + first * es, off * es);
-      shm::copy(mine + (off + m) * es, src + (first + off + m) * es, (len - off - m) * es);
+      stores.to_slot(mine, src + first * es, off * es);
+      stores.to_slot(mine + (off + m) * es, src + (first + off + m) * es, (len - off - m) * es);
     } else if (t == 1) {
       if (m == 0) return;
       for (int q = 0; q < n; ++q) {
         srcs[static_cast<std::size_t>(q)] = q == me ? src + (first + off) * es : w.slot(q, slot) + off * es;
       }
-      kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
+      if (stores.memory()) {
+        kernels::reduce_many(result, srcs, m, a.dt, a.op);
+        shm::copy_and_stream(mine + off * es, dst + (first + off) * es, result, m * es, true);
+      } else {
+        kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
+      }
     } else {
       for (int q = 0; q < n; ++q) {
         if (q == me || sh.size(q) == 0) continue;
@@ -196,13 +205,14 @@ Status run(Group& g, const CollArgs& a) {
   };
   // My share's result to my output once the peers can read it from my slot.
   auto own = [&](std::size_t c, std::uint64_t slot, int t) {
-    if (t != 1) return;
+    if (t != 1 || stores.memory()) return;
     const std::size_t first = c * C, len = std::min(C, a.count - first);
     const shm::Shares sh{len, shm::line_elems(es), n};
     const std::size_t off = sh.off(me), m = sh.size(me);
     if (m != 0) out_copy(dst + (first + off) * es, w.slot(me, slot) + off * es, m * es);
   };
-  return timed(shm::run_pipeline(g, sig, chunks, 3, body, [](int) { return shm::Deps::all(); }, "all_reduce", own));
+  return stores.finish(
+      timed(shm::run_pipeline(g, sig, chunks, 3, body, [](int) { return shm::Deps::all(); }, "all_reduce", own)));
 }
 
 bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }

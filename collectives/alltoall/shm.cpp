@@ -49,14 +49,18 @@ Status run(Group& g, const CollArgs& a) {
   const auto* in = static_cast<const std::byte*>(a.sendbuf);
   auto* out = static_cast<std::byte*>(a.recvbuf);
   const std::size_t bytes = a.count * es * static_cast<std::size_t>(n);
-  auto out_copy = shm::stream_outputs(g, in == out ? 0 : bytes, bytes) ? shm::copy_stream : shm::copy;
+  const bool stream = shm::stream_outputs(g, in == out ? 0 : bytes, bytes);
+  auto out_copy = stream ? shm::copy_stream : shm::copy;
+  const auto sig = shm::call_sig(g, a, a.count);
+  shm::SlotStoreCall stores(g, sig, in == out, bytes, stream);
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
+    stores.at_stage(c, slot, t);
     const std::size_t first = c * C, m = std::min(C, a.count - first);
     for (int q = 0; q < n; ++q) {
       if (q == me) continue;
       const std::size_t block = static_cast<std::size_t>(q) * a.count;
       if (t == 0) {
-        shm::copy(w.slot(me, slot) + static_cast<std::size_t>(q) * C * es, in + (block + first) * es, m * es);
+        stores.to_slot(w.slot(me, slot) + static_cast<std::size_t>(q) * C * es, in + (block + first) * es, m * es);
       } else {
         out_copy(out + (block + first) * es, w.slot(q, slot) + static_cast<std::size_t>(me) * C * es, m * es);
       }
@@ -70,8 +74,8 @@ Status run(Group& g, const CollArgs& a) {
                       block = static_cast<std::size_t>(me) * a.count;
     out_copy(out + (block + first) * es, in + (block + first) * es, m * es);
   };
-  return shm::run_pipeline(g, shm::call_sig(g, a, a.count), chunks, 2, body, [](int) { return shm::Deps::all(); },
-                           "all_to_all", own);
+  return stores.finish(
+      shm::run_pipeline(g, sig, chunks, 2, body, [](int) { return shm::Deps::all(); }, "all_to_all", own));
 }
 
 bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }

@@ -107,6 +107,12 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     ASSERT_TRUE(detail::config_from_env(&cfg).ok()) << value;
     EXPECT_EQ(cfg.shm_allreduce_handoffs, handoffs) << value;
   }
+  for (const auto& [value, stores] : {std::pair{"auto", 0}, std::pair{"cache", 1}, std::pair{"Memory", 2}}) {
+    ScopedEnv h("CCLZ_SHM_SLOT_STORES", value);
+    detail::Config cfg;
+    ASSERT_TRUE(detail::config_from_env(&cfg).ok()) << value;
+    EXPECT_EQ(cfg.shm_slot_stores, stores) << value;
+  }
   for (const auto& [value, bytes] : {std::pair{"0", std::uint64_t{0}}, std::pair{"64", std::uint64_t{64} << 10},
                                      std::pair{"off", ~std::uint64_t{0}}, std::pair{"OFF", ~std::uint64_t{0}}}) {
     ScopedEnv h("CCLZ_SHM_DIRECT_KB", value);
@@ -124,7 +130,8 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
   {
     ScopedEnv t("CCLZ_TIMEOUT", nullptr), c("CCLZ_CHECK", nullptr), d("CCLZ_DEBUG", nullptr),
         a("CCLZ_ALGO", nullptr), l("CCLZ_LOCAL_SIZE", nullptr), h("CCLZ_SHM_ALLREDUCE_HANDOFFS", nullptr),
-        k("CCLZ_SHM_DIRECT_KB", nullptr), l2("CCLZ_SHM_L2_KB", nullptr), llc("CCLZ_SHM_LLC_KB", nullptr);
+        k("CCLZ_SHM_DIRECT_KB", nullptr), l2("CCLZ_SHM_L2_KB", nullptr), llc("CCLZ_SHM_LLC_KB", nullptr),
+        ss("CCLZ_SHM_SLOT_STORES", nullptr);
     detail::Config cfg;
     ASSERT_TRUE(detail::config_from_env(&cfg).ok());
     EXPECT_EQ(cfg.timeout_s, 300.0);
@@ -136,6 +143,7 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     EXPECT_EQ(cfg.shm_direct_min_bytes, std::uint64_t{1024} << 10);
     EXPECT_EQ(cfg.shm_l2_bytes, 0u);
     EXPECT_EQ(cfg.shm_llc_bytes, 0u);
+    EXPECT_EQ(cfg.shm_slot_stores, 0);
   }
   struct Bad {
     const char* name;
@@ -145,6 +153,7 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
                 Bad{"CCLZ_DEBUG", "LOUD"}, Bad{"CCLZ_ALGO", "all_reduce=nope"}, Bad{"CCLZ_LOCAL_SIZE", "0"},
                 Bad{"CCLZ_LOCAL_SIZE", "2x"}, Bad{"CCLZ_SPIN_US", "fast"}, Bad{"CCLZ_YIELD_US", "-5"},
                 Bad{"CCLZ_POLL_MS", "0"}, Bad{"CCLZ_POLL_MS", "1ms"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "3"},
+                Bad{"CCLZ_SHM_SLOT_STORES", "1"}, Bad{"CCLZ_SHM_SLOT_STORES", "streaming"},
                 Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "0"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "one"},
                 Bad{"CCLZ_SHM_DIRECT_KB", "-1"}, Bad{"CCLZ_SHM_DIRECT_KB", "1M"}, Bad{"CCLZ_SHM_DIRECT_KB", "never"},
                 Bad{"CCLZ_SHM_L2_KB", "0"}, Bad{"CCLZ_SHM_L2_KB", "1M"}, Bad{"CCLZ_SHM_LLC_KB", "-32768"}}) {

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <condition_variable>
@@ -28,6 +29,7 @@
 #include "allreduce/common.hpp"
 #include "allreduce/handoffs.hpp"
 #include "group.hpp"
+#include "slot_stores.hpp"
 #include "kernels.hpp"
 #include "shm_nodes.hpp"
 #include "thread_transport.hpp"
@@ -153,12 +155,15 @@ struct ShmSetup {
   int slots = 3;
   int allreduce_handoffs = 0;  // 0: measured (HandoffChooser), 1 or 2: fixed
   std::uint64_t direct_min_bytes = detail::ShmWindow::kDirectOff;
+  std::uint64_t llc_bytes = 0;  // 0: the host's
+  int slot_stores = 0;          // 0: measured (SlotStoreChooser), 1 cache, 2 memory
 };
 
 std::unique_ptr<testing::ShmNodes> make_shm(const std::vector<int>& nodes, const ShmSetup* shm) {
   return shm == nullptr ? nullptr
                         : std::make_unique<testing::ShmNodes>(nodes, shm->slot_bytes, shm->slots,
-                                                              shm->allreduce_handoffs, shm->direct_min_bytes);
+                                                              shm->allreduce_handoffs, shm->direct_min_bytes,
+                                                              shm->llc_bytes, shm->slot_stores);
 }
 
 // Runs on every rank right before each call (the rank's window, null without one).
@@ -310,6 +315,42 @@ TEST(AllReduce, ShmMeasuredHandOffsRunBothProtocols) {
   check_cases("shm measured", flat_nodes(2), cases, by_descriptor("shm"), &standard, count_protocol);
   EXPECT_GT(ran[0], 0) << "one hand-off never ran";
   EXPECT_GT(ran[1], 0) << "two hand-offs never ran";
+}
+
+// Streamed calls (a 64 KiB last level makes every call here streamed)
+// with the slot stores measured (slot_stores.hpp): rank 0's chooser runs
+// both in its warm-up, every other rank runs the stores rank 0 sent with
+// its previous call, and every result is exact.
+TEST(AllReduce, ShmStreamedCallsRunBothSlotStores) {
+  ShmSetup streamed;
+  streamed.llc_bytes = 64 << 10;
+  std::vector<Case> cases;
+  for (int i = 0; i < 24; ++i) {
+    cases.push_back({i % 3 == 2 ? DataType::bf16 : DataType::f32, ReduceOp::sum, 20001, i % 2 == 0});
+  }
+  for (int n : {2, 3}) {
+    std::array<std::atomic<int>, 32> picked{};
+    std::array<int, 2> ran{};
+    std::array<int, 3> calls{};
+    auto follow = [&](int rank, detail::ShmWindow* w, const CollArgs& a) {
+      auto& state = w->local_state<coll::shm::SlotStoreState>();
+      const int k = calls[static_cast<std::size_t>(rank)]++;
+      if (rank == 0) {
+        const bool in_place = a.sendbuf == a.recvbuf;
+        const auto band =
+            coll::shm::SlotStoreChooser::band(static_cast<std::uint64_t>(a.kind), in_place, a.count * dtype_size(a.dt));
+        const auto s = state.chooser.pick(band);
+        picked[static_cast<std::size_t>(k)] = static_cast<int>(s);
+        ++ran[static_cast<std::size_t>(s)];
+      } else if (k > 0) {
+        EXPECT_EQ(static_cast<int>(state.in_effect), picked[static_cast<std::size_t>(k - 1)].load())
+            << "rank " << rank << " before call " << k;
+      }
+    };
+    check_cases("shm streamed", flat_nodes(n), cases, by_descriptor("shm"), &streamed, follow);
+    EXPECT_GT(ran[0], 0) << n << " ranks: ordinary slot stores never ran";
+    EXPECT_GT(ran[1], 0) << n << " ranks: streamed slot stores never ran";
+  }
 }
 
 TEST(HandoffChooser, Bands) {

@@ -87,10 +87,11 @@ TEST(ShmWindow, AnonymousSlotsAreMappedAtCreation) {
 
 // The cache sizes the collectives plan with travel in the window from its
 // creator: every rank must cut a call into the same chunks.
-TEST(ShmWindow, CarriesTheCreatorsCacheSizes) {
+TEST(ShmWindow, CarriesTheCreatorsCacheSizesAndSlotStores) {
   ShmWindow::Geometry g = geometry();
   g.l2_bytes = std::uint64_t{2} << 20;
   g.llc_bytes = std::uint64_t{96} << 20;
+  g.slot_stores = 2;
   std::string name;
   std::shared_ptr<ShmSegment> created, opened;
   ASSERT_TRUE(ShmWindow::create_named(g, &name, &created).ok());
@@ -100,12 +101,24 @@ TEST(ShmWindow, CarriesTheCreatorsCacheSizes) {
   const ShmWindow second(opened, {0, 1, 2}, 1, false);
   EXPECT_EQ(second.l2_bytes(), std::uint64_t{2} << 20);
   EXPECT_EQ(second.llc_bytes(), std::uint64_t{96} << 20);
+  EXPECT_EQ(second.slot_stores(), 2);
 
   std::shared_ptr<ShmSegment> seg;
   ASSERT_TRUE(ShmWindow::create_anonymous(geometry(), &seg).ok());  // 0: the host's
   const ShmWindow w(seg, {0, 1, 2}, 0, false);
   EXPECT_EQ(w.l2_bytes(), host_cache_sizes().l2);
   EXPECT_EQ(w.llc_bytes(), host_cache_sizes().llc);
+  EXPECT_EQ(w.slot_stores(), 0);
+
+  // Only 0 (measured), 1 (cache) and 2 (memory) are stores.
+  for (int bad : {-1, 3}) {
+    ShmWindow::Geometry b = geometry();
+    b.slot_stores = bad;
+    std::shared_ptr<ShmSegment> none;
+    const Status st = ShmWindow::create_anonymous(b, &none);
+    EXPECT_EQ(st.code(), Result::invalid_argument) << bad;
+    EXPECT_NE(st.message().find("slot stores " + std::to_string(bad)), std::string::npos) << st.message();
+  }
 }
 
 // A sysfs cache directory written by the test.

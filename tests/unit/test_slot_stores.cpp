@@ -1,0 +1,103 @@
+// The slot-store chooser (collectives/slot_stores.hpp) on simulated
+// machines: each call runs the stores it picks and is recorded with the
+// time the machine gives them.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+
+#include "slot_stores.hpp"
+
+namespace cclz {
+namespace {
+
+using coll::shm::SlotStoreChooser;
+using coll::shm::SlotStores;
+
+struct SimulatedBand {
+  SlotStoreChooser c;
+  std::uint32_t band = SlotStoreChooser::band(1, false, std::uint64_t{16} << 20);
+  std::array<int, 2> ran{};
+  template <class Cost>
+  void run(int calls, Cost cost) {
+    ran = {};
+    for (int k = 0; k < calls; ++k) {
+      const SlotStores s = c.pick(band);
+      c.record(band, s, cost(s));
+      ++ran[static_cast<std::size_t>(s)];
+    }
+  }
+  SlotStores next() { return c.pick(band); }
+};
+
+double memory_faster(SlotStores s) { return s == SlotStores::memory ? 1.0 : 2.0; }
+double cache_faster(SlotStores s) { return s == SlotStores::cache ? 1.0 : 2.0; }
+
+TEST(SlotStoreChooser, Bands) {
+  const auto band = SlotStoreChooser::band;
+  EXPECT_EQ(band(3, false, 1 << 24), band(3, false, (1 << 25) - 1));
+  EXPECT_NE(band(3, false, 1 << 24), band(3, false, 1 << 25));
+  EXPECT_NE(band(3, false, 1 << 24), band(3, true, 1 << 24));
+  EXPECT_NE(band(3, false, 1 << 24), band(4, false, 1 << 24));
+  // Only the shape's low byte (the collective) counts, not its dtype or op.
+  EXPECT_EQ(band(3, false, 1 << 24), band(3 | 0x0502 << 8, false, 1 << 24));
+  EXPECT_EQ(band(3, false, 0), band(3, false, 1));
+  EXPECT_NE(band(3, false, ~std::uint64_t{0}), band(3, false, 1));
+}
+
+TEST(SlotStoreChooser, MeasuresBothThenRunsTheFaster) {
+  SimulatedBand sim;
+  // Warm-up: kMin calls of ordinary stores, then kMin streamed.
+  std::array<SlotStores, 4> first{};
+  for (SlotStores& s : first) {
+    s = sim.next();
+    sim.c.record(sim.band, s, memory_faster(s));
+  }
+  EXPECT_EQ(first, (std::array{SlotStores::cache, SlotStores::cache, SlotStores::memory, SlotStores::memory}));
+  EXPECT_EQ(sim.next(), SlotStores::memory);
+  // Then the streamed stores, and the others for kMin calls in about every
+  // kFresh.
+  const int calls = 20 * static_cast<int>(SlotStoreChooser::kFresh);
+  sim.run(calls, memory_faster);
+  EXPECT_GE(sim.ran[0], 18 * SlotStoreChooser::kMin);
+  EXPECT_LE(sim.ran[0], 21 * SlotStoreChooser::kMin);
+  // Another band is measured on its own.
+  EXPECT_EQ(sim.c.pick(SlotStoreChooser::band(1, true, std::uint64_t{16} << 20)), SlotStores::cache);
+}
+
+TEST(SlotStoreChooser, FollowsTheMachineWhenItChanges) {
+  SimulatedBand sim;
+  sim.run(100, cache_faster);
+  EXPECT_GT(sim.ran[0], 90);
+  // The ordinary stores become 3x slower, the streamed ones faster: the
+  // first slow call drops the old times, both are measured again, and the
+  // streamed stores run from then on.
+  auto changed = [](SlotStores s) { return s == SlotStores::cache ? 3.0 : 1.5; };
+  sim.run(6, changed);
+  EXPECT_EQ(sim.next(), SlotStores::memory);
+  sim.run(100, changed);
+  EXPECT_GE(sim.ran[1], 96);
+  // And back, the streamed stores 2x slower.
+  sim.run(6, [](SlotStores s) { return s == SlotStores::cache ? 1.0 : 3.0; });
+  EXPECT_EQ(sim.next(), SlotStores::cache);
+}
+
+TEST(SlotStoreChooser, OneDisturbedCallDoesNotMoveIt) {
+  SimulatedBand sim;
+  sim.run(100, memory_faster);
+  bool disturbed = false;
+  // One streamed call takes 1.6x as long (a preemption, say): it counts as
+  // one time of kMin, and the least of the next ones is the usual 1.0.
+  sim.run(10, [&](SlotStores s) {
+    if (s == SlotStores::memory && !disturbed) {
+      disturbed = true;
+      return 1.6;
+    }
+    return memory_faster(s);
+  });
+  EXPECT_LE(sim.ran[0], SlotStoreChooser::kMin);
+  EXPECT_EQ(sim.next(), SlotStores::memory);
+}
+
+}  // namespace
+}  // namespace cclz
