@@ -5,13 +5,13 @@
 // read them from there.
 //
 // Which is faster depends on how the cores reach each other, and on a
-// virtual machine that changes with where the host places the vCPUs. On 2
-// bound ranks of this project's test host, while two copiers shared 62
-// GB/s (the vCPUs sharing a last-level cache), a 16 MB all-gather took
-// 0.84 ms through the cache and 1.31 ms through memory; while each core had
-// its own path to memory (two copiers at 115 GB/s), 1.84 ms against 0.72,
-// and a 64 MB all-reduce 11.4 ms against 4.9 (docs/performance.md). The
-// host moved between the two within seconds. So local rank 0 times its
+// virtual machine that changes with where the host places the vCPUs. In a
+// 2-thread model of the pipelines on this project's test host, while two
+// copiers shared 62 GB/s (the vCPUs sharing a last-level cache), a 16 MB
+// all-gather took 0.84 ms through the cache and 1.31 ms through memory;
+// while each core had its own path to memory (two copiers at 115 GB/s),
+// 1.84 ms against 0.72, and a 64 MB all-reduce 11.4 ms against 4.9
+// (docs/performance.md). The host moved between the two within seconds. So local rank 0 times its
 // streamed calls per band (collective, in place or not, size within a
 // factor of 2), and each band runs the stores whose recent times are lower.
 //
