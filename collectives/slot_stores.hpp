@@ -11,9 +11,10 @@
 // all-gather took 0.84 ms through the cache and 1.31 ms through memory;
 // while each core had its own path to memory (two copiers at 115 GB/s),
 // 1.84 ms against 0.72, and a 64 MB all-reduce 11.4 ms against 4.9
-// (docs/performance.md). The host moved between the two within seconds. So local rank 0 times its
-// streamed calls per band (collective, in place or not, size within a
-// factor of 2), and each band runs the stores whose recent times are lower.
+// (docs/performance.md). The host moved between the two within seconds.
+// So local rank 0 times its streamed calls per band (collective, in place
+// or not, size within a factor of 2), and each band runs the stores whose
+// recent times are lower.
 //
 // The stores only change where a chunk passes on its way, never the bytes:
 // ranks may even disagree on them for a call. Rank 0 sends its choice with
@@ -24,6 +25,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <map>
 
@@ -49,9 +51,8 @@ class SlotStoreChooser {
   // A band: the collective (CallSig's shape, low byte), in place or not,
   // and the bytes' power of two.
   static std::uint32_t band(std::uint64_t kind, bool in_place, std::uint64_t bytes) noexcept {
-    int log2 = 0;
-    while (log2 < 63 && (bytes >> (log2 + 1)) != 0) ++log2;
-    return static_cast<std::uint32_t>((kind & 0xff) << 8 | (in_place ? 0x80u : 0u) | static_cast<unsigned>(log2));
+    const auto log2 = static_cast<unsigned>(std::bit_width(bytes | 1) - 1);
+    return static_cast<std::uint32_t>((kind & 0xff) << 8 | (in_place ? 0x80u : 0u) | log2);
   }
 
   // The stores the next call in `band` should run: ones with fewer than

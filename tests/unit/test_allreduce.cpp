@@ -29,9 +29,9 @@
 #include "allreduce/common.hpp"
 #include "allreduce/handoffs.hpp"
 #include "group.hpp"
-#include "slot_stores.hpp"
 #include "kernels.hpp"
 #include "shm_nodes.hpp"
+#include "slot_stores.hpp"
 #include "thread_transport.hpp"
 
 namespace cclz {
@@ -156,14 +156,13 @@ struct ShmSetup {
   int allreduce_handoffs = 0;  // 0: measured (HandoffChooser), 1 or 2: fixed
   std::uint64_t direct_min_bytes = detail::ShmWindow::kDirectOff;
   std::uint64_t llc_bytes = 0;  // 0: the host's
-  int slot_stores = 0;          // 0: measured (SlotStoreChooser), 1 cache, 2 memory
 };
 
 std::unique_ptr<testing::ShmNodes> make_shm(const std::vector<int>& nodes, const ShmSetup* shm) {
   return shm == nullptr ? nullptr
                         : std::make_unique<testing::ShmNodes>(nodes, shm->slot_bytes, shm->slots,
                                                               shm->allreduce_handoffs, shm->direct_min_bytes,
-                                                              shm->llc_bytes, shm->slot_stores);
+                                                              shm->llc_bytes);
 }
 
 // Runs on every rank right before each call (the rank's window, null without one).
