@@ -39,14 +39,20 @@ class SlotStoreChooser {
   // in the band's last kFresh calls (a low one: a disturbed call is only
   // ever slower), once there are kMin of them; stores with fewer are run
   // until they have kMin, so the stores not in use are tried again for kMin
-  // calls in every kFresh. A call of the stores in use that takes more than
-  // kJump times their time means the machine may have changed: every older
-  // time is dropped, so both stores are measured again (the jumped call
-  // counts, so that one disturbed call does not decide alone).
+  // calls in every kFresh. kStrikes calls in a row of the same stores that
+  // each take more than kJump times their time mean the machine may have
+  // changed: every other time is dropped, so the slow calls stand for their
+  // stores and the other stores are measured again. One slow call alone is
+  // more often the host taking the core away for a moment (16 MB
+  // all-gathers on the test host: one call in 150-450 took 2-5x its time);
+  // when it dropped the times, the kMin calls of the other stores it brought
+  // (1.5-2x slower) cost a 20-call benchmark 5-10%.
   static constexpr int kKeep = 3;
   static constexpr int kMin = 2;
+  static constexpr int kStrikes = 2;
   static constexpr std::uint64_t kFresh = 64;
   static constexpr double kJump = 1.5;
+  static_assert(kStrikes >= 1 && kStrikes <= kKeep, "the strikes are kept as the stores' times");
 
   // A band: the collective (CallSig's shape, low byte), in place or not,
   // and the bytes' power of two.
@@ -73,8 +79,18 @@ class SlotStoreChooser {
     auto& mine = b.times[static_cast<std::size_t>(stores)];
     const Fresh before = fresh(b, stores);
     if (before.count >= kMin && cost > kJump * before.least) {
-      for (Time& t : mine) t = {};
+      b.strikes = b.strike_stores == stores ? b.strikes + 1 : 1;
+      b.strike_stores = stores;
+    } else {
+      b.strikes = 0;
+    }
+    if (b.strikes == kStrikes) {
+      // The earlier strikes are this band's last calls.
+      for (Time& t : mine) {
+        if (t.call + kStrikes <= b.calls) t = {};
+      }
       for (Time& t : b.times[1 - static_cast<std::size_t>(stores)]) t = {};
+      b.strikes = 0;
     }
     // Replace the oldest.
     *std::min_element(mine.begin(), mine.end(), [](const Time& x, const Time& y) { return x.call < y.call; }) =
@@ -89,6 +105,8 @@ class SlotStoreChooser {
   struct Band {
     std::uint64_t calls = 0;
     std::array<std::array<Time, kKeep>, 2> times{};
+    int strikes = 0;  // slow calls in a row, all of strike_stores
+    SlotStores strike_stores = SlotStores::cache;
   };
   struct Fresh {
     int count = 0;

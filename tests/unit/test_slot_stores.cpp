@@ -70,16 +70,48 @@ TEST(SlotStoreChooser, FollowsTheMachineWhenItChanges) {
   sim.run(100, cache_faster);
   EXPECT_GT(sim.ran[0], 90);
   // The ordinary stores become 3x slower, the streamed ones faster: the
-  // first slow call drops the old times, both are measured again, and the
-  // streamed stores run from then on.
+  // second slow call in a row drops the other times, the streamed stores
+  // are measured again (kMin calls), and they run from then on.
   auto changed = [](SlotStores s) { return s == SlotStores::cache ? 3.0 : 1.5; };
-  sim.run(6, changed);
+  sim.run(SlotStoreChooser::kStrikes + SlotStoreChooser::kMin, changed);
+  EXPECT_EQ(sim.ran[1], SlotStoreChooser::kMin);
   EXPECT_EQ(sim.next(), SlotStores::memory);
   sim.run(100, changed);
   EXPECT_GE(sim.ran[1], 96);
   // And back, the streamed stores 2x slower.
-  sim.run(6, [](SlotStores s) { return s == SlotStores::cache ? 1.0 : 3.0; });
+  sim.run(SlotStoreChooser::kStrikes + SlotStoreChooser::kMin,
+          [](SlotStores s) { return s == SlotStores::cache ? 1.0 : 3.0; });
   EXPECT_EQ(sim.next(), SlotStores::cache);
+}
+
+TEST(SlotStoreChooser, MeasuresAgainWhenEverythingSlowsDown) {
+  SimulatedBand sim;
+  sim.run(100, memory_faster);
+  // Both stores 3x slower: after the strikes the ordinary stores are
+  // measured again, lose, and the streamed ones keep running at their new
+  // time (the slow calls stand for it, so nothing jumps again).
+  auto slower = [](SlotStores s) { return 3.0 * memory_faster(s); };
+  sim.run(SlotStoreChooser::kStrikes + SlotStoreChooser::kMin, slower);
+  EXPECT_EQ(sim.ran[0], SlotStoreChooser::kMin);
+  sim.run(30, slower);
+  EXPECT_EQ(sim.ran[0], 0);
+}
+
+// A call 3x its usual time (the host took the core for a moment) makes no
+// difference to what runs after it: the same calls as a band that was not
+// disturbed.
+TEST(SlotStoreChooser, OneSlowCallMeasuresNothingAgain) {
+  for (SlotStores usual : {SlotStores::cache, SlotStores::memory}) {
+    auto machine = usual == SlotStores::cache ? cache_faster : memory_faster;
+    SimulatedBand quiet, disturbed;
+    quiet.run(100, machine);
+    disturbed.run(100, machine);
+    quiet.run(20, machine);
+    int call = 0;
+    disturbed.run(20, [&](SlotStores s) { return (call++ == 3 ? 3.0 : 1.0) * machine(s); });
+    EXPECT_EQ(disturbed.ran, quiet.ran);
+    EXPECT_EQ(disturbed.next(), usual);
+  }
 }
 
 TEST(SlotStoreChooser, OneDisturbedCallDoesNotMoveIt) {
