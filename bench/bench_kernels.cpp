@@ -198,6 +198,25 @@ void bm_two_outputs(benchmark::State& st, DataType dt, std::size_t bytes, bool f
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 4 * static_cast<std::int64_t>(bytes));
 }
 
+// The same with streaming stores to both outputs (reduce2_stream: a staged
+// all-reduce's reduced share, to its slot and its output, through memory).
+void bm_two_streamed(benchmark::State& st, DataType dt, std::size_t bytes) {
+  Arena arena(4, bytes);
+  fill(arena.stream(0), bytes, dt, 1);
+  fill(arena.stream(1), bytes, dt, 2);
+  const std::size_t count = bytes / cclz::dtype_size(dt);
+  for (auto _ : st) {
+    if (!kernels::reduce2_stream(arena.stream(2), arena.stream(3), arena.stream(0), arena.stream(1), count, dt,
+                                 ReduceOp::sum)) {
+      st.SkipWithError("reduce2_stream has no kernel on this CPU");
+      break;
+    }
+    benchmark::DoNotOptimize(arena.stream(2));
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 4 * static_cast<std::int64_t>(bytes));
+}
+
 // bytes = size of the f32 side; the 16-bit side is half of it.
 void bm_convert(benchmark::State& st, const kernels::Variant* v, bool bf16, bool to_float, std::size_t bytes) {
   const std::size_t n = bytes / 4;
@@ -270,6 +289,9 @@ void register_all() {
       benchmark::RegisterBenchmark(
           (std::string("reduce_many_copy_inplace/") + cclz::dtype_name(dt) + "/sum/" + size_name(bytes)).c_str(),
           bm_two_outputs, dt, bytes, true, true);
+      benchmark::RegisterBenchmark(
+          (std::string("reduce2_stream/") + cclz::dtype_name(dt) + "/sum/" + size_name(bytes)).c_str(),
+          bm_two_streamed, dt, bytes);
     }
   }
 }

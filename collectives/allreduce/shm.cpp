@@ -164,8 +164,9 @@ Status run(Group& g, const CollArgs& a) {
   const std::size_t C = std::max(unit, shm::chunk_bytes(w, stream, bytes) / es / unit * unit);
   const std::size_t chunks = (a.count + C - 1) / C;
   auto out_copy = stream ? shm::copy_stream : shm::copy;
-  // Through memory, my share's result goes to my slot and my output in one
-  // streamed pass, from a buffer of this process the reduce writes in the
+  // Through memory, my share's result is streamed to my slot and my output:
+  // by the reduce itself where kernels::reduce2_stream applies, otherwise
+  // in one pass from a buffer of this process the reduce writes in the
   // cache. (The hand-off chooser's calls send their own hint.)
   shm::SlotStoreCall stores(g, sig, a.sendbuf == a.recvbuf, bytes, stream && chooser == nullptr);
   std::byte* result = nullptr;
@@ -191,8 +192,11 @@ Status run(Group& g, const CollArgs& a) {
         srcs[static_cast<std::size_t>(q)] = q == me ? src + (first + off) * es : w.slot(q, slot) + off * es;
       }
       if (stores.memory()) {
-        kernels::reduce_many(result, srcs, m, a.dt, a.op);
-        shm::copy_and_stream(mine + off * es, dst + (first + off) * es, result, m * es, true);
+        if (n != 2 || !kernels::reduce2_stream(mine + off * es, dst + (first + off) * es, srcs[0], srcs[1], m,
+                                               a.dt, a.op)) {
+          kernels::reduce_many(result, srcs, m, a.dt, a.op);
+          shm::copy_and_stream(mine + off * es, dst + (first + off) * es, result, m * es, true);
+        }
       } else {
         kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
       }

@@ -20,13 +20,13 @@ class ShmNodes {
  public:
   explicit ShmNodes(std::vector<int> node_of, std::size_t slot_bytes = 4096, int slots = 3,
                     int allreduce_handoffs = 0, std::uint64_t direct_min_bytes = detail::ShmWindow::kDirectOff,
-                    std::uint64_t llc_bytes = 0)
+                    std::uint64_t llc_bytes = 0, int slot_stores = 0)
       : node_of_(std::move(node_of)) {
     for (std::size_t r = 0; r < node_of_.size(); ++r) members_[node_of_[r]].push_back(static_cast<int>(r));
     for (const auto& [node, members] : members_) {
       std::shared_ptr<detail::ShmSegment> seg;
       const detail::ShmWindow::Geometry g{static_cast<int>(members.size()), slot_bytes, slots, allreduce_handoffs,
-                                          direct_min_bytes, 0, llc_bytes};
+                                          direct_min_bytes, 0, llc_bytes, slot_stores};
       if (!detail::ShmWindow::create_anonymous(g, &seg).ok()) throw std::runtime_error("cannot map a test window");
       segments_[node] = std::move(seg);
     }

@@ -156,13 +156,14 @@ struct ShmSetup {
   int allreduce_handoffs = 0;  // 0: measured (HandoffChooser), 1 or 2: fixed
   std::uint64_t direct_min_bytes = detail::ShmWindow::kDirectOff;
   std::uint64_t llc_bytes = 0;  // 0: the host's
+  int slot_stores = 0;          // 0: measured, 1: ordinary, 2: streaming (ShmWindow::Geometry)
 };
 
 std::unique_ptr<testing::ShmNodes> make_shm(const std::vector<int>& nodes, const ShmSetup* shm) {
   return shm == nullptr ? nullptr
                         : std::make_unique<testing::ShmNodes>(nodes, shm->slot_bytes, shm->slots,
                                                               shm->allreduce_handoffs, shm->direct_min_bytes,
-                                                              shm->llc_bytes);
+                                                              shm->llc_bytes, shm->slot_stores);
 }
 
 // Runs on every rank right before each call (the rank's window, null without one).
@@ -350,6 +351,27 @@ TEST(AllReduce, ShmStreamedCallsRunBothSlotStores) {
     EXPECT_GT(ran[0], 0) << n << " ranks: ordinary slot stores never ran";
     EXPECT_GT(ran[1], 0) << n << " ranks: streamed slot stores never ran";
   }
+}
+
+// Streamed calls with their slots written through memory: the reduced
+// share goes to the slot and the output in one pass with streaming stores
+// (kernels::reduce2_stream) on 2 ranks for f32, f16 and bf16, in two passes
+// for the other types and on 3 ranks. Every dtype and op, counts from one
+// element to many chunks, in place and not.
+TEST(AllReduce, ShmThroughMemoryEveryDtypeAndOp) {
+  ShmSetup memory;
+  memory.llc_bytes = 64 << 10;
+  memory.slot_stores = 2;
+  std::vector<Case> cases;
+  for (DataType dt : kAllDataTypes) {
+    for (ReduceOp op : kOps) {
+      for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1001}, std::size_t{20001}}) {
+        for (bool in_place : {false, true}) cases.push_back({dt, op, count, in_place});
+      }
+    }
+  }
+  auto through_memory = [](int, detail::ShmWindow* w, const CollArgs&) { ASSERT_EQ(w->slot_stores(), 2); };
+  for (int n : {2, 3}) check_cases("shm through memory", flat_nodes(n), cases, by_descriptor("shm"), &memory, through_memory);
 }
 
 TEST(HandoffChooser, Bands) {

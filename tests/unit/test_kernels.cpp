@@ -692,6 +692,76 @@ TEST(KernelsReduceMany, FoldsEveryDtypeOpAndAlias) {
   }
 }
 
+// reduce2_stream: the fold of the two sources (the reference of the tests
+// above) in both outputs, nothing written past either, for every
+// count around the vector steps, every byte alignment of the outputs
+// (alike mod 16) and exact aliasing of a source by either output.
+TEST(KernelsReduce2Stream, FoldsIntoBothOutputs) {
+  const bool has_kernel = kernels::variant(kernels::Isa::avx2) != nullptr;
+  if (!has_kernel) std::printf("[ INFO     ] no AVX2: reduce2_stream must decline every call\n");
+  std::mt19937_64 rng(2026);
+  for (DataType dt : {DataType::f32, DataType::f16, DataType::bf16}) {
+    const std::size_t es = cclz::dtype_size(dt);
+    for (ReduceOp op : kOps) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9},
+                            std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{33}, std::size_t{1000},
+                            std::size_t{4099}}) {
+        for (std::size_t off = 0; off < 16; off += es) {
+          // alias: 0 distinct, 1 copy == a (in place), 2 dst == b
+          for (int alias = 0; alias < 3; ++alias) {
+            SCOPED_TRACE(std::string(cclz::dtype_name(dt)) + " " + cclz::op_name(op) + " n=" + std::to_string(n) +
+                         " off=" + std::to_string(off) + " alias=" + std::to_string(alias));
+            std::vector<std::vector<unsigned char>> in(2, std::vector<unsigned char>(n * es));
+            fill_random(dt, in[0].data(), n, rng);
+            fill_random(dt, in[1].data(), n, rng);
+            const std::size_t span = (n * es + 64 + 63) / 64 * 64;
+            // A 64-byte aligned arena: a, b, dst, copy. The outputs sit at off
+            // (mod 16 alike); b at another offset unless dst is b.
+            std::vector<unsigned char> store_(4 * span + 64, 0xa5);
+            unsigned char* base = store_.data() + (64 - reinterpret_cast<std::uintptr_t>(store_.data()) % 64) % 64;
+            unsigned char* a = base + off;
+            unsigned char* b = base + span + (alias == 2 ? off : (off + 2 * es) % 16);
+            unsigned char* d = base + 2 * span + off + 16;
+            unsigned char* c = base + 3 * span + off;
+            copy_bytes(a, in[0].data(), n * es);
+            copy_bytes(b, in[1].data(), n * es);
+            if (alias == 1) c = a;
+            if (alias == 2) d = b;
+            ASSERT_EQ(kernels::reduce2_stream(d, c, a, b, n, dt, op), has_kernel);
+            if (!has_kernel) continue;
+            ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
+            ASSERT_TRUE(n == 0 || std::memcmp(c, d, n * es) == 0);
+            for (std::size_t g = 0; g < 16; ++g) ASSERT_EQ(c[n * es + g], 0xa5) << "byte " << g << " past copy";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Where there is no streaming kernel it declines and writes nothing.
+TEST(KernelsReduce2Stream, DeclinesWhatItCannotDo) {
+  std::vector<unsigned char> a(256, 1), b(256, 2), d(256 + 64, 0xa5), c(256 + 64, 0xa5);
+  const auto aligned = [](std::vector<unsigned char>& v) {
+    return v.data() + (64 - reinterpret_cast<std::uintptr_t>(v.data()) % 64) % 64;
+  };
+  unsigned char* dp = aligned(d);
+  unsigned char* cp = aligned(c);
+  const auto untouched = [&] {
+    return std::all_of(d.begin(), d.end(), [](unsigned char x) { return x == 0xa5; }) &&
+           std::all_of(c.begin(), c.end(), [](unsigned char x) { return x == 0xa5; });
+  };
+  for (DataType dt : {DataType::f64, DataType::i32, DataType::i64, DataType::i8, DataType::u8}) {
+    EXPECT_FALSE(kernels::reduce2_stream(dp, cp, a.data(), b.data(), 16, dt, ReduceOp::sum)) << cclz::dtype_name(dt);
+  }
+  EXPECT_FALSE(kernels::reduce2_stream(dp, cp, a.data(), b.data(), 16, DataType::f32, ReduceOp::avg));
+  EXPECT_FALSE(kernels::reduce2_stream(dp, cp + 4, a.data(), b.data(), 16, DataType::f32, ReduceOp::sum))
+      << "outputs aligned differently";
+  EXPECT_FALSE(kernels::reduce2_stream(dp + 1, cp + 1, a.data(), b.data(), 16, DataType::f32, ReduceOp::sum))
+      << "copy not aligned to its element";
+  EXPECT_TRUE(untouched());
+}
+
 // For the exact types the fused form equals a chain of pairwise reduces.
 TEST(KernelsReduceMany, EqualsChainForExactTypes) {
   std::mt19937_64 rng(5);
