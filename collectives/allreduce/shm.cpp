@@ -169,12 +169,7 @@ Status run(Group& g, const CollArgs& a) {
   // in one pass from a buffer of this process the reduce writes in the
   // cache. (The hand-off chooser's calls send their own hint.)
   shm::SlotStoreCall stores(g, sig, a.sendbuf == a.recvbuf, bytes, stream && chooser == nullptr);
-  std::byte* result = nullptr;
-  if (stream && chooser == nullptr) {
-    auto& scratch = w.local_state<ShareScratch>().bytes;
-    if (scratch.size() < C * es) scratch.resize(C * es);
-    result = scratch.data();
-  }
+  std::byte* result = nullptr;  // the two-pass buffer, taken when first needed
 
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     const std::size_t first = c * C, len = std::min(C, a.count - first);
@@ -194,6 +189,11 @@ Status run(Group& g, const CollArgs& a) {
       if (stores.memory()) {
         if (n != 2 || !kernels::reduce2_stream(mine + off * es, dst + (first + off) * es, srcs[0], srcs[1], m,
                                                a.dt, a.op)) {
+          if (result == nullptr) {
+            auto& scratch = w.local_state<ShareScratch>().bytes;
+            if (scratch.size() < C * es) scratch.resize(C * es);
+            result = scratch.data();
+          }
           kernels::reduce_many(result, srcs, m, a.dt, a.op);
           shm::copy_and_stream(mine + off * es, dst + (first + off) * es, result, m * es, true);
         }
