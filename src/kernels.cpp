@@ -34,6 +34,7 @@
 #include "kernels.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <type_traits>
@@ -417,14 +418,15 @@ CCLZ_TARGET_V3 void reduce_bf16_avx2(void* dst, void* copy, const void* a, const
 }
 
 // ---------------------------------------------------------------------------
-// reduce2_stream: two sources, the result to two outputs with streaming
+// reduce_many_stream: k sources, the result to two outputs with streaming
 // stores, in the pass that loads the sources. A staged all-reduce's reduced
 // share goes to its slot and its output, both read next from memory; with
 // the loads interleaved with the streaming stores the 2-rank 64 MB call ran
 // 1.2x faster than reducing into the cache and streaming that in a second
 // pass, which leaves the memory idle in turn for reads and for writes
-// (docs/performance.md). The same operations and rounding as the pairwise
-// kernels above.
+// (docs/performance.md). The same operations, order and rounding as
+// reduce_many: sources folded left to right (the accumulator the first
+// operand), halves in f32 and rounded once.
 CCLZ_TARGET_V3 CCLZ_INLINE void stream2(std::byte* d, std::byte* c, __m128i v) noexcept {
   _mm_stream_si128(reinterpret_cast<__m128i*>(d), v);
   _mm_stream_si128(reinterpret_cast<__m128i*>(c), v);
@@ -435,23 +437,27 @@ CCLZ_TARGET_V3 CCLZ_INLINE void stream2(std::byte* d, std::byte* c, __m256i v) n
 }
 
 // Each returns how many elements it did (whole steps); d and c are 16-byte
-// aligned.
+// aligned, k >= 2.
 template <class Op>
-CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f32(std::byte* d, std::byte* c, const std::byte* a, const std::byte* b,
-                                                  std::size_t n) noexcept {
+CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f32(std::byte* d, std::byte* c, const void* const* s,
+                                                  std::size_t k, std::size_t n) noexcept {
+  const auto at = [&](std::size_t j, std::size_t i) {
+    return _mm256_loadu_ps(static_cast<const float*>(s[j]) + i);
+  };
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 r = vop<Op>(_mm256_loadu_ps(reinterpret_cast<const float*>(a + 4 * i)),
-                             _mm256_loadu_ps(reinterpret_cast<const float*>(b + 4 * i)));
+    __m256 r = vop<Op>(at(0, i), at(1, i));
+    for (std::size_t j = 2; j < k; ++j) r = vop<Op>(r, at(j, i));
     stream2(d + 4 * i, c + 4 * i, _mm256_castps_si256(r));
   }
   return i;
 }
+// Halves take two sources (reduce_many_stream declines more).
 template <class Op>
-CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f16(std::byte* d, std::byte* c, const std::byte* a, const std::byte* b,
+CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f16(std::byte* d, std::byte* c, const void* const* s,
                                                   std::size_t n) noexcept {
-  const auto* pa = reinterpret_cast<const u16_u*>(a);
-  const auto* pb = reinterpret_cast<const u16_u*>(b);
+  const auto* pa = static_cast<const u16_u*>(s[0]);
+  const auto* pb = static_cast<const u16_u*>(s[1]);
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 r = vop<Op>(load_h8(pa + i), load_h8(pb + i));
@@ -460,10 +466,10 @@ CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f16(std::byte* d, std::byte* c, co
   return i;
 }
 template <class Op>
-CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_bf16(std::byte* d, std::byte* c, const std::byte* a,
-                                                   const std::byte* b, std::size_t n) noexcept {
-  const auto* pa = reinterpret_cast<const u16_u*>(a);
-  const auto* pb = reinterpret_cast<const u16_u*>(b);
+CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_bf16(std::byte* d, std::byte* c, const void* const* s,
+                                                   std::size_t n) noexcept {
+  const auto* pa = static_cast<const u16_u*>(s[0]);
+  const auto* pb = static_cast<const u16_u*>(s[1]);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i va = load_i256(pa + i), vb = load_i256(pb + i);
@@ -473,23 +479,23 @@ CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_bf16(std::byte* d, std::byte* c, c
   return i;
 }
 template <class Op>
-CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_dt(std::byte* d, std::byte* c, const std::byte* a, const std::byte* b,
-                                                 std::size_t n, DataType dt) noexcept {
+CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_dt(std::byte* d, std::byte* c, const void* const* s,
+                                                 std::size_t k, std::size_t n, DataType dt) noexcept {
   switch (dt) {
-    case DataType::f32: return stream_f32<Op>(d, c, a, b, n);
-    case DataType::f16: return stream_f16<Op>(d, c, a, b, n);
-    case DataType::bf16: return stream_bf16<Op>(d, c, a, b, n);
+    case DataType::f32: return stream_f32<Op>(d, c, s, k, n);
+    case DataType::f16: return stream_f16<Op>(d, c, s, n);
+    case DataType::bf16: return stream_bf16<Op>(d, c, s, n);
     default: return 0;
   }
 }
-CCLZ_TARGET_V3 std::size_t stream_steps(std::byte* d, std::byte* c, const std::byte* a, const std::byte* b,
+CCLZ_TARGET_V3 std::size_t stream_steps(std::byte* d, std::byte* c, const void* const* s, std::size_t k,
                                         std::size_t n, DataType dt, ReduceOp op) noexcept {
   std::size_t done = 0;
   switch (op) {
-    case ReduceOp::sum: done = stream_dt<op_sum>(d, c, a, b, n, dt); break;
-    case ReduceOp::prod: done = stream_dt<op_prod>(d, c, a, b, n, dt); break;
-    case ReduceOp::min: done = stream_dt<op_min>(d, c, a, b, n, dt); break;
-    case ReduceOp::max: done = stream_dt<op_max>(d, c, a, b, n, dt); break;
+    case ReduceOp::sum: done = stream_dt<op_sum>(d, c, s, k, n, dt); break;
+    case ReduceOp::prod: done = stream_dt<op_prod>(d, c, s, k, n, dt); break;
+    case ReduceOp::min: done = stream_dt<op_min>(d, c, s, k, n, dt); break;
+    case ReduceOp::max: done = stream_dt<op_max>(d, c, s, k, n, dt); break;
     case ReduceOp::avg: break;
   }
   _mm_sfence();  // streaming stores are not ordered by a later release
@@ -1222,33 +1228,44 @@ void reduce_many_copy(void* dst, void* copy, std::span<const void* const> srcs, 
   best_variant().reduce_many(dst, copy, srcs.data(), srcs.size(), count, dt, op);
 }
 
-bool reduce2_stream(void* dst, void* copy, const void* a, const void* b, std::size_t count, DataType dt,
-                    ReduceOp op) noexcept {
+bool reduce_many_stream(void* dst, void* copy, std::span<const void* const> srcs, std::size_t count, DataType dt,
+                        ReduceOp op) noexcept {
 #ifdef CCLZ_KERNELS_X86
   static const bool has_avx2 = cpu_has(Isa::avx2);
+  const std::size_t k = srcs.size();
   const bool typed = dt == DataType::f32 || dt == DataType::f16 || dt == DataType::bf16;
   const bool op_ok = op == ReduceOp::sum || op == ReduceOp::prod || op == ReduceOp::min || op == ReduceOp::max;
   const std::size_t es = dtype_size(dt);
   const auto at = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
-  if (!has_avx2 || !typed || !op_ok || (at(dst) - at(copy)) % 16 != 0 || at(copy) % es != 0) return false;
+  // Halves from 3 sources on: the fold of 4 f16 or bf16 sources ran at
+  // 0.6-0.7 of reduce_many into the cache and a streamed copy of that
+  // (bench-kernels reduce_many_stream against reduce_then_stream), the
+  // widening of every source then costing more than the second pass.
+  const bool halves = dt != DataType::f32;
+  if (!has_avx2 || !typed || !op_ok || k < 2 || k > (halves ? 2 : kMaxStreamSources) ||
+      (at(dst) - at(copy)) % 16 != 0 || at(copy) % es != 0) {
+    return false;
+  }
   auto* d = static_cast<std::byte*>(dst);
   auto* c = static_cast<std::byte*>(copy);
-  const auto* pa = static_cast<const std::byte*>(a);
-  const auto* pb = static_cast<const std::byte*>(b);
-  // The pairwise kernel (ordinary stores) up to the outputs' 16-byte
-  // boundary and for the tail after the last whole step.
-  const auto pairwise = [&](std::size_t from, std::size_t n) {
-    const void* srcs[2] = {pa + from * es, pb + from * es};
-    best_variant().reduce_many(d + from * es, c + from * es, srcs, 2, n, dt, op);
+  // The sources from the element `from` on.
+  std::array<const void*, kMaxStreamSources> s{};
+  const auto from = [&](std::size_t e) {
+    for (std::size_t j = 0; j < k; ++j) s[j] = static_cast<const std::byte*>(srcs[j]) + e * es;
+    return s.data();
+  };
+  // reduce_many_copy (ordinary stores) up to the outputs' 16-byte boundary
+  // and for the tail after the last whole step.
+  const auto plain = [&](std::size_t e, std::size_t n) {
+    best_variant().reduce_many(d + e * es, c + e * es, from(e), k, n, dt, op);
   };
   const std::size_t head = std::min(count, (16 - at(c) % 16) % 16 / es);
-  pairwise(0, head);
-  const std::size_t done =
-      head + stream_steps(d + head * es, c + head * es, pa + head * es, pb + head * es, count - head, dt, op);
-  pairwise(done, count - done);
+  plain(0, head);
+  const std::size_t done = head + stream_steps(d + head * es, c + head * es, from(head), k, count - head, dt, op);
+  plain(done, count - done);
   return true;
 #else
-  (void)dst, (void)copy, (void)a, (void)b, (void)count, (void)dt, (void)op;
+  (void)dst, (void)copy, (void)srcs, (void)count, (void)dt, (void)op;
   return false;
 #endif
 }

@@ -46,18 +46,20 @@ void reduce_many(void* dst, std::span<const void* const> srcs, std::size_t count
 void reduce_many_copy(void* dst, void* copy, std::span<const void* const> srcs, std::size_t count, DataType dt,
                       ReduceOp op) noexcept;
 
-// reduce_many_copy of two sources, with streaming (non-temporal) stores to
-// both outputs: for results neither output's reader will find in this
-// core's cache (a staged all-reduce's reduced share, to the slot a peer
-// reads and to the output, when its slots go through memory). The same
-// results as reduce_many_copy. Returns false, writing nothing, where there is no
-// such kernel: dtypes other than f32, f16 and bf16, ops other than sum,
-// prod, min and max, CPUs without AVX2, or outputs not 16-byte aligned alike
-// ((dst - copy) % 16 != 0, or copy not aligned to its element); the caller
-// then takes two passes. dst and copy may each alias a source exactly and
-// must not overlap each other.
-bool reduce2_stream(void* dst, void* copy, const void* a, const void* b, std::size_t count, DataType dt,
-                    ReduceOp op) noexcept;
+// reduce_many_copy with streaming (non-temporal) stores to both outputs: for
+// results neither output's reader will find in this core's cache (a staged
+// all-reduce's reduced share, to the slot its peers read and to the output,
+// when its slots go through memory). The same results as reduce_many_copy.
+// Returns false, writing nothing, where there is no such kernel (or it was
+// measured slower than two passes): dtypes other than f32, f16 and bf16,
+// ops other than sum, prod, min and max, CPUs without AVX2, fewer than 2
+// sources, more than kMaxStreamSources f32 or 2 f16/bf16 sources, or
+// outputs not 16-byte aligned alike ((dst - copy) % 16 != 0, or copy not
+// aligned to its element); the caller then takes two passes. dst and copy
+// may each alias a source exactly and must not overlap each other.
+inline constexpr std::size_t kMaxStreamSources = 16;  // more streams than the prefetchers follow
+bool reduce_many_stream(void* dst, void* copy, std::span<const void* const> srcs, std::size_t count, DataType dt,
+                        ReduceOp op) noexcept;
 
 // dst[i] = dst[i] / divisor (the last step of avg). Integers truncate
 // towards zero; floats divide in their accumulation type (f32 for f16/bf16).

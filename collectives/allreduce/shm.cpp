@@ -165,7 +165,7 @@ Status run(Group& g, const CollArgs& a) {
   const std::size_t chunks = (a.count + C - 1) / C;
   auto out_copy = stream ? shm::copy_stream : shm::copy;
   // Through memory, my share's result is streamed to my slot and my output:
-  // by the reduce itself where kernels::reduce2_stream applies, otherwise
+  // by the reduce itself where kernels::reduce_many_stream applies, otherwise
   // in one pass from a buffer of this process the reduce writes in the
   // cache. (The hand-off chooser's calls send their own hint.)
   shm::SlotStoreCall stores(g, sig, a.sendbuf == a.recvbuf, bytes, stream && chooser == nullptr);
@@ -187,8 +187,7 @@ Status run(Group& g, const CollArgs& a) {
         srcs[static_cast<std::size_t>(q)] = q == me ? src + (first + off) * es : w.slot(q, slot) + off * es;
       }
       if (stores.memory()) {
-        if (n != 2 || !kernels::reduce2_stream(mine + off * es, dst + (first + off) * es, srcs[0], srcs[1], m,
-                                               a.dt, a.op)) {
+        if (!kernels::reduce_many_stream(mine + off * es, dst + (first + off) * es, srcs, m, a.dt, a.op)) {
           if (result == nullptr) {
             auto& scratch = w.local_state<ShareScratch>().bytes;
             if (scratch.size() < C * es) scratch.resize(C * es);

@@ -355,9 +355,9 @@ TEST(AllReduce, ShmStreamedCallsRunBothSlotStores) {
 
 // Streamed calls with their slots written through memory: the reduced
 // share goes to the slot and the output in one pass with streaming stores
-// (kernels::reduce2_stream) on 2 ranks for f32, f16 and bf16, in two passes
-// for the other types and on 3 ranks. Every dtype and op, counts from one
-// element to many chunks, in place and not.
+// (kernels::reduce_many_stream) for f32, and for f16 and bf16 on 2 ranks;
+// in two passes for the rest. Every dtype and op, counts from one element
+// to many chunks, in place and not, on 2, 3 and 5 ranks.
 TEST(AllReduce, ShmThroughMemoryEveryDtypeAndOp) {
   ShmSetup memory;
   memory.llc_bytes = 64 << 10;
@@ -371,7 +371,7 @@ TEST(AllReduce, ShmThroughMemoryEveryDtypeAndOp) {
     }
   }
   auto through_memory = [](int, detail::ShmWindow* w, const CollArgs&) { ASSERT_EQ(w->slot_stores(), 2); };
-  for (int n : {2, 3}) check_cases("shm through memory", flat_nodes(n), cases, by_descriptor("shm"), &memory, through_memory);
+  for (int n : {2, 3, 5}) check_cases("shm through memory", flat_nodes(n), cases, by_descriptor("shm"), &memory, through_memory);
 }
 
 TEST(HandoffChooser, Bands) {

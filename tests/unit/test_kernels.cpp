@@ -692,46 +692,65 @@ TEST(KernelsReduceMany, FoldsEveryDtypeOpAndAlias) {
   }
 }
 
-// reduce2_stream: the fold of the two sources (the reference of the tests
-// above) in both outputs, nothing written past either, for every
-// count around the vector steps, every byte alignment of the outputs
-// (alike mod 16) and exact aliasing of a source by either output.
-TEST(KernelsReduce2Stream, FoldsIntoBothOutputs) {
+// reduce_many_stream: the fold of the k sources (the reference of the tests
+// above) in both outputs, bitwise what reduce_many_copy gives (a NaN for a
+// NaN: the compiler may swap a scalar sum's operands, and with them which
+// payload a NaN carries), nothing written past
+// either, for 2 to 5 sources, every count around the vector steps, every
+// byte alignment of the outputs (alike mod 16) and exact aliasing of a
+// source by either output. f16 and bf16 from 3 sources are declined.
+TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
   const bool has_kernel = kernels::variant(kernels::Isa::avx2) != nullptr;
-  if (!has_kernel) std::printf("[ INFO     ] no AVX2: reduce2_stream must decline every call\n");
+  if (!has_kernel) std::printf("[ INFO     ] no AVX2: reduce_many_stream must decline every call\n");
   std::mt19937_64 rng(2026);
   for (DataType dt : {DataType::f32, DataType::f16, DataType::bf16}) {
     const std::size_t es = cclz::dtype_size(dt);
     for (ReduceOp op : kOps) {
-      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9},
-                            std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{33}, std::size_t{1000},
-                            std::size_t{4099}}) {
-        for (std::size_t off = 0; off < 16; off += es) {
-          // alias: 0 distinct, 1 copy == a (in place), 2 dst == b
-          for (int alias = 0; alias < 3; ++alias) {
-            SCOPED_TRACE(std::string(cclz::dtype_name(dt)) + " " + cclz::op_name(op) + " n=" + std::to_string(n) +
-                         " off=" + std::to_string(off) + " alias=" + std::to_string(alias));
-            std::vector<std::vector<unsigned char>> in(2, std::vector<unsigned char>(n * es));
-            fill_random(dt, in[0].data(), n, rng);
-            fill_random(dt, in[1].data(), n, rng);
-            const std::size_t span = (n * es + 64 + 63) / 64 * 64;
-            // A 64-byte aligned arena: a, b, dst, copy. The outputs sit at off
-            // (mod 16 alike); b at another offset unless dst is b.
-            std::vector<unsigned char> store_(4 * span + 64, 0xa5);
-            unsigned char* base = store_.data() + (64 - reinterpret_cast<std::uintptr_t>(store_.data()) % 64) % 64;
-            unsigned char* a = base + off;
-            unsigned char* b = base + span + (alias == 2 ? off : (off + 2 * es) % 16);
-            unsigned char* d = base + 2 * span + off + 16;
-            unsigned char* c = base + 3 * span + off;
-            copy_bytes(a, in[0].data(), n * es);
-            copy_bytes(b, in[1].data(), n * es);
-            if (alias == 1) c = a;
-            if (alias == 2) d = b;
-            ASSERT_EQ(kernels::reduce2_stream(d, c, a, b, n, dt, op), has_kernel);
-            if (!has_kernel) continue;
-            ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
-            ASSERT_TRUE(n == 0 || std::memcmp(c, d, n * es) == 0);
-            for (std::size_t g = 0; g < 16; ++g) ASSERT_EQ(c[n * es + g], 0xa5) << "byte " << g << " past copy";
+      for (std::size_t k : {std::size_t{2}, std::size_t{3}, std::size_t{5}}) {
+        for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9},
+                              std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{33}, std::size_t{1000},
+                              std::size_t{4099}}) {
+          for (std::size_t off = 0; off < 16; off += es) {
+            // alias: 0 distinct, 1 copy == the first source (in place), 2 dst == the last
+            for (int alias = 0; alias < 3; ++alias) {
+              SCOPED_TRACE(std::string(cclz::dtype_name(dt)) + " " + cclz::op_name(op) + " k=" + std::to_string(k) +
+                           " n=" + std::to_string(n) + " off=" + std::to_string(off) +
+                           " alias=" + std::to_string(alias));
+              std::vector<std::vector<unsigned char>> in(k, std::vector<unsigned char>(n * es));
+              for (auto& v : in) fill_random(dt, v.data(), n, rng);
+              const std::size_t span = (n * es + 64 + 63) / 64 * 64;
+              // A 64-byte aligned arena: the k sources, dst, copy. The outputs
+              // sit at off (mod 16 alike); the sources at other offsets unless
+              // an output is one of them.
+              std::vector<unsigned char> store_((k + 2) * span + 64, 0xa5);
+              unsigned char* base = store_.data() + (64 - reinterpret_cast<std::uintptr_t>(store_.data()) % 64) % 64;
+              std::vector<unsigned char*> src(k);
+              for (std::size_t j = 0; j < k; ++j) {
+                src[j] = base + j * span + (j == 0 || (alias == 2 && j == k - 1) ? off : (off + 2 * es * j) % 16);
+                copy_bytes(src[j], in[j].data(), n * es);
+              }
+              unsigned char* d = base + k * span + off + 16;
+              unsigned char* c = base + (k + 1) * span + off;
+              if (alias == 1) c = src[0];
+              if (alias == 2) d = src[k - 1];
+              // What reduce_many_copy gives, from the same inputs elsewhere.
+              std::vector<unsigned char> want(n * es + 1), want_copy(n * es + 1);
+              std::vector<const void*> ins(k);
+              for (std::size_t j = 0; j < k; ++j) ins[j] = in[j].data();
+              kernels::reduce_many_copy(want.data(), want_copy.data(), ins, n, dt, op);
+              std::vector<const void*> srcs(src.begin(), src.end());
+              const bool streams = has_kernel && (dt == DataType::f32 || k == 2);
+              ASSERT_EQ(kernels::reduce_many_stream(d, c, srcs, n, dt, op), streams);
+              if (!streams) continue;
+              ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
+              for (std::size_t i = 0; i < n; ++i) {
+                const std::uint64_t got = load_bits(dt, d + i * es), same = load_bits(dt, want.data() + i * es);
+                ASSERT_TRUE(got == same || (is_nan_bits(dt, got) && is_nan_bits(dt, same)))
+                    << "element " << i << ": " << hex(got) << ", reduce_many_copy " << hex(same);
+              }
+              ASSERT_TRUE(n == 0 || std::memcmp(c, d, n * es) == 0);
+              for (std::size_t g = 0; g < 16; ++g) ASSERT_EQ(c[n * es + g], 0xa5) << "byte " << g << " past copy";
+            }
           }
         }
       }
@@ -740,7 +759,7 @@ TEST(KernelsReduce2Stream, FoldsIntoBothOutputs) {
 }
 
 // Where there is no streaming kernel it declines and writes nothing.
-TEST(KernelsReduce2Stream, DeclinesWhatItCannotDo) {
+TEST(KernelsReduceManyStream, DeclinesWhatItCannotDo) {
   std::vector<unsigned char> a(256, 1), b(256, 2), d(256 + 64, 0xa5), c(256 + 64, 0xa5);
   const auto aligned = [](std::vector<unsigned char>& v) {
     return v.data() + (64 - reinterpret_cast<std::uintptr_t>(v.data()) % 64) % 64;
@@ -751,14 +770,23 @@ TEST(KernelsReduce2Stream, DeclinesWhatItCannotDo) {
     return std::all_of(d.begin(), d.end(), [](unsigned char x) { return x == 0xa5; }) &&
            std::all_of(c.begin(), c.end(), [](unsigned char x) { return x == 0xa5; });
   };
+  const std::vector<const void*> two{a.data(), b.data()};
   for (DataType dt : {DataType::f64, DataType::i32, DataType::i64, DataType::i8, DataType::u8}) {
-    EXPECT_FALSE(kernels::reduce2_stream(dp, cp, a.data(), b.data(), 16, dt, ReduceOp::sum)) << cclz::dtype_name(dt);
+    EXPECT_FALSE(kernels::reduce_many_stream(dp, cp, two, 16, dt, ReduceOp::sum)) << cclz::dtype_name(dt);
   }
-  EXPECT_FALSE(kernels::reduce2_stream(dp, cp, a.data(), b.data(), 16, DataType::f32, ReduceOp::avg));
-  EXPECT_FALSE(kernels::reduce2_stream(dp, cp + 4, a.data(), b.data(), 16, DataType::f32, ReduceOp::sum))
+  EXPECT_FALSE(kernels::reduce_many_stream(dp, cp, two, 16, DataType::f32, ReduceOp::avg));
+  EXPECT_FALSE(kernels::reduce_many_stream(dp, cp + 4, two, 16, DataType::f32, ReduceOp::sum))
       << "outputs aligned differently";
-  EXPECT_FALSE(kernels::reduce2_stream(dp + 1, cp + 1, a.data(), b.data(), 16, DataType::f32, ReduceOp::sum))
+  EXPECT_FALSE(kernels::reduce_many_stream(dp + 1, cp + 1, two, 16, DataType::f32, ReduceOp::sum))
       << "copy not aligned to its element";
+  const std::vector<const void*> one{a.data()};
+  EXPECT_FALSE(kernels::reduce_many_stream(dp, cp, one, 16, DataType::f32, ReduceOp::sum)) << "one source";
+  const std::vector<const void*> many(kernels::kMaxStreamSources + 1, a.data());
+  EXPECT_FALSE(kernels::reduce_many_stream(dp, cp, many, 16, DataType::f32, ReduceOp::sum)) << "too many sources";
+  const std::vector<const void*> three{a.data(), b.data(), a.data()};
+  for (DataType dt : {DataType::f16, DataType::bf16}) {
+    EXPECT_FALSE(kernels::reduce_many_stream(dp, cp, three, 16, dt, ReduceOp::sum)) << "three " << cclz::dtype_name(dt);
+  }
   EXPECT_TRUE(untouched());
 }
 
