@@ -199,13 +199,11 @@ void bm_two_outputs(benchmark::State& st, DataType dt, std::size_t bytes, bool f
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 4 * static_cast<std::int64_t>(bytes));
 }
 
-// k inputs into two outputs with streaming stores: a staged all-reduce's
-// reduced share, to its slot and its output, through memory. k reads and
-// two writes counted.
-// How the pipeline reaches the outputs: a chunk's share at a time (`piece`
-// bytes), by reduce_many_stream in one pass, or (two_pass) as the staged
-// all-reduce does where that kernel declines: reduce_many into a buffer in
-// the cache, then shm::copy_and_stream to both outputs.
+// k inputs into two outputs with streaming stores, as a staged all-reduce
+// through memory writes its reduced share to its slot and its output: a
+// `piece` at a time, by reduce_many_stream in one pass or (two_pass) as the
+// all-reduce does where that kernel declines, reduce_many into a buffer in
+// the cache and then shm::copy_and_stream. k reads and two writes counted.
 void bm_many_streamed(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes, std::size_t piece,
                       bool two_pass) {
   Arena arena(k + 2, bytes);

@@ -49,7 +49,8 @@ void reduce_many_copy(void* dst, void* copy, std::span<const void* const> srcs, 
 // reduce_many_copy with streaming (non-temporal) stores to both outputs: for
 // results neither output's reader will find in this core's cache (a staged
 // all-reduce's reduced share, to the slot its peers read and to the output,
-// when its slots go through memory). The same results as reduce_many_copy.
+// when its slots go through memory). The same results as reduce_many_copy
+// (where that gives a NaN, a NaN, its payload perhaps another source's).
 // Returns false, writing nothing, where there is no such kernel (or it was
 // measured slower than two passes): dtypes other than f32, f16 and bf16,
 // ops other than sum, prod, min and max, CPUs without AVX2, fewer than 2
@@ -57,7 +58,7 @@ void reduce_many_copy(void* dst, void* copy, std::span<const void* const> srcs, 
 // outputs not 16-byte aligned alike ((dst - copy) % 16 != 0, or copy not
 // aligned to its element); the caller then takes two passes. dst and copy
 // may each alias a source exactly and must not overlap each other.
-inline constexpr std::size_t kMaxStreamSources = 16;  // more streams than the prefetchers follow
+inline constexpr std::size_t kMaxStreamSources = 16;  // measured up to 16 (docs/performance.md)
 bool reduce_many_stream(void* dst, void* copy, std::span<const void* const> srcs, std::size_t count, DataType dt,
                         ReduceOp op) noexcept;
 
