@@ -3,8 +3,11 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -121,26 +124,97 @@ BufDesc describe(const void* p, std::size_t bytes) {
   return d;
 }
 
+// Cross-memory attach as this process has found it, per window: whether each
+// peer's process has been read once (the probe), and whether the kernel
+// refused it for good (no permission, or no such system call), after which
+// this rank no longer offers it.
+struct CmaState {
+  std::vector<char> probed;
+  bool refused = false;
+};
+
+// One process_vm_readv/writev of n bytes, repeated over partial transfers.
+// Returns 0 or the errno.
+int cma_move(bool write, int pid, void* local, std::uint64_t remote, std::size_t n) {
+  auto* here = static_cast<std::byte*>(local);
+  while (n != 0) {
+    iovec l{here, n};
+    iovec r{reinterpret_cast<void*>(remote), n};
+    const ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return got < 0 ? errno : EFAULT;
+    here += got;
+    remote += static_cast<std::uint64_t>(got);
+    n -= static_cast<std::size_t>(got);
+  }
+  return 0;
+}
+
+Status cma_error(const Group& g, int r, bool write, std::uint64_t remote, std::size_t n, int err) {
+  char range[64];
+  std::snprintf(range, sizeof range, "%#llx (%zu bytes)", static_cast<unsigned long long>(remote), n);
+  return {Result::invalid_usage, std::string("cross-memory attach could not ") + (write ? "write" : "read") +
+                                     " rank " + std::to_string(g.global_rank(r)) + "'s buffer at " + range + ": " +
+                                     std::strerror(err) + " (is the buffer as large as the call says?)"};
+}
+
 }  // namespace
 
+Status peer_read(const Group& g, const PeerBuffers& pb, int r, void* to, const std::byte* from, std::size_t n) {
+  if (n == 0) return {};
+  if (!pb.cma || r == g.rank()) {
+    std::memcpy(to, from, n);
+    return {};
+  }
+  const auto remote = reinterpret_cast<std::uintptr_t>(from);
+  const int err = cma_move(false, pb.pid[static_cast<std::size_t>(r)], to, remote, n);
+  return err == 0 ? Status{} : cma_error(g, r, false, remote, n, err);
+}
+
+Status peer_write(const Group& g, const PeerBuffers& pb, int r, std::byte* to, const void* from, std::size_t n) {
+  if (n == 0) return {};
+  if (!pb.cma || r == g.rank()) {
+    std::memcpy(to, from, n);
+    return {};
+  }
+  const auto remote = reinterpret_cast<std::uintptr_t>(to);
+  const int err = cma_move(true, pb.pid[static_cast<std::size_t>(r)], const_cast<void*>(from), remote, n);
+  return err == 0 ? Status{} : cma_error(g, r, true, remote, n, err);
+}
+
 Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void* send, std::size_t send_bytes,
-                    const void* recv, std::size_t recv_bytes, bool* direct, PeerBuffers* out) {
+                    const void* recv, std::size_t recv_bytes, bool cma_ok, bool* direct, PeerBuffers* out) {
   detail::ShmWindow& w = *g.shm();
   constexpr auto K = static_cast<std::uint64_t>(detail::ShmWindow::kStages);
   const int n = g.size(), me = g.rank();
   const std::function<void()> idle = [&g] { g.progress_transport(); };
   *direct = false;
-  // Whether the peers can read this rank's buffers: every buffer of a
-  // thread rank, only mem_alloc memory of a process.
+  // What this rank offers: its buffers mapped by the peers (every buffer of
+  // a thread rank, only mem_alloc memory of a process), cross-memory attach
+  // (any memory of a process, where the collective takes it), and whether
+  // it has already read every peer's process that way.
+  constexpr std::uint64_t kMappable = 1, kCma = 2, kCmaProbed = 4;
   const Descs mine{describe(send, send_bytes), describe(recv, recv_bytes)};
   auto readable = [&](const BufDesc& d) { return d.bytes == 0 || w.one_process() || d.id != 0; };
-  const std::uint64_t mine_readable = readable(mine.send) && readable(mine.recv) ? 1 : 0;
+  CmaState* cma = nullptr;
+  if (cma_ok && !w.one_process()) {
+    cma = &w.local_state<CmaState>();
+    if (cma->probed.empty()) cma->probed.assign(static_cast<std::size_t>(n), 0);
+    if (cma->refused) cma = nullptr;
+  }
+  std::uint64_t mine_bits = readable(mine.send) && readable(mine.recv) ? kMappable : 0;
+  if (cma != nullptr) {
+    mine_bits |= kCma;
+    bool all_probed = true;
+    for (int r = 0; r < n; ++r) all_probed = all_probed && (r == me || cma->probed[static_cast<std::size_t>(r)] != 0);
+    if (all_probed) mine_bits |= kCmaProbed;
+  }
 
-  // One chunk: descriptors and the readable bit into this rank's slot,
-  // stage 1 published. A rank whose own buffers cannot be read knows the
-  // answer (staged) and does not wait: it publishes the chunk as done at
-  // once, which also satisfies the others' wait, so heap buffers cost no
-  // hand-off. The others wait, read every rank's bit and decide alike.
+  // One chunk: descriptors and the bits into this rank's slot, stage 1
+  // published. A rank that offers nothing knows the answer (staged) and
+  // does not wait: it publishes the chunk as done at once, which also
+  // satisfies the others' wait, so heap buffers below cma_min_bytes cost no
+  // hand-off. The others wait, read every rank's bits and decide alike.
   const std::uint64_t G = w.next_chunk();
   const auto slots = static_cast<std::uint64_t>(w.slots());
   if (G >= slots) {
@@ -149,71 +223,105 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
   w.set_call_sig(G, sig);
   std::byte* slot = w.slot(me, G);
   std::memcpy(slot, &mine, sizeof mine);
-  std::memcpy(slot + sizeof mine, &mine_readable, sizeof mine_readable);
+  std::memcpy(slot + sizeof mine, &mine_bits, sizeof mine_bits);
   w.advance(1);
-  if (mine_readable == 0) {
+  if ((mine_bits & (kMappable | kCma)) == 0) {
     w.publish(K * (G + 1));
     return {};
   }
   w.publish(K * G + 1);
   if (Status st = w.wait({}, K * G + 1, g.deadline(), idle, "direct-path agreement"); !st.ok()) return st;
   std::vector<Descs> descs(static_cast<std::size_t>(n));
-  bool all_readable = true;
+  std::uint64_t all_bits = kMappable | kCma | kCmaProbed;
   for (int r = 0; r < n; ++r) {
     if (r != me) {
       if (const auto theirs = w.call_sig(r, G); !(theirs == sig)) return sig_mismatch(g, r, sig, theirs);
     }
-    std::uint64_t bit = 0;
+    std::uint64_t bits = 0;
     std::memcpy(&descs[static_cast<std::size_t>(r)], w.slot(r, G), sizeof(Descs));
-    std::memcpy(&bit, w.slot(r, G) + sizeof(Descs), sizeof bit);
-    all_readable = all_readable && bit == 1;
+    std::memcpy(&bits, w.slot(r, G) + sizeof(Descs), sizeof bits);
+    all_bits &= bits;
   }
   w.publish(K * (G + 1));
-  if (!all_readable) return {};
+  const bool via_cma = (all_bits & kMappable) == 0;
+  if (via_cma && (all_bits & kCma) == 0) return {};
 
   out->send.assign(static_cast<std::size_t>(n), nullptr);
   out->recv.assign(static_cast<std::size_t>(n), nullptr);
-  bool mapped = true;
-  PeerMaps& maps = *w.local_state<PeerMapsHolder>().maps;
-  // Rank r's buffer `desc` as mapped here; clears `mapped` when it cannot be.
-  auto resolve = [&](int r, const BufDesc& desc) -> std::byte* {
-    if (desc.bytes == 0 || !mapped) return nullptr;
-    std::byte* p = nullptr;
-    if (r == me || w.one_process()) {
-      p = reinterpret_cast<std::byte*>(desc.addr);
-    } else if (std::byte* base = maps.map(r, w.pid(r), desc, g.seq()); base != nullptr) {
-      p = base + desc.offset;
+  bool reached = true;
+  if (via_cma) {
+    // Every rank offered cross-memory attach: the peers' addresses as they
+    // are. A first call reads a byte of each peer's buffer, and the ranks
+    // agree, in one more hand-off, that every one of them could.
+    out->cma = true;
+    out->pid.assign(static_cast<std::size_t>(n), 0);
+    for (int r = 0; r < n; ++r) {
+      const Descs& d = descs[static_cast<std::size_t>(r)];
+      out->send[static_cast<std::size_t>(r)] = reinterpret_cast<const std::byte*>(d.send.addr);
+      out->recv[static_cast<std::size_t>(r)] = reinterpret_cast<std::byte*>(d.recv.addr);
+      out->pid[static_cast<std::size_t>(r)] = w.pid(r);
     }
-    mapped = p != nullptr;
-    return p;
-  };
-  for (int r = 0; r < n && mapped; ++r) {
-    const Descs& d = descs[static_cast<std::size_t>(r)];
-    out->send[static_cast<std::size_t>(r)] = resolve(r, d.send);
-    out->recv[static_cast<std::size_t>(r)] = resolve(r, d.recv);
+    if ((all_bits & kCmaProbed) != 0) {
+      *direct = true;
+      w.count_direct();
+      return {};
+    }
+    for (int r = 0; r < n && reached; ++r) {
+      const Descs& d = descs[static_cast<std::size_t>(r)];
+      const BufDesc& probe = d.send.bytes != 0 ? d.send : d.recv;
+      if (r == me || probe.bytes == 0) continue;
+      std::byte b{};
+      const int err = cma_move(false, w.pid(r), &b, probe.addr, 1);
+      if (err == 0) {
+        cma->probed[static_cast<std::size_t>(r)] = 1;
+      } else {
+        reached = false;
+        // Refused for good: stop offering it; a bad address is this call's.
+        if (err == EPERM || err == ENOSYS || err == ESRCH) cma->refused = true;
+      }
+    }
+  } else {
+    PeerMaps& maps = *w.local_state<PeerMapsHolder>().maps;
+    // Rank r's buffer `desc` as mapped here; clears `reached` when it cannot be.
+    auto resolve = [&](int r, const BufDesc& desc) -> std::byte* {
+      if (desc.bytes == 0 || !reached) return nullptr;
+      std::byte* p = nullptr;
+      if (r == me || w.one_process()) {
+        p = reinterpret_cast<std::byte*>(desc.addr);
+      } else if (std::byte* base = maps.map(r, w.pid(r), desc, g.seq()); base != nullptr) {
+        p = base + desc.offset;
+      }
+      reached = p != nullptr;
+      return p;
+    };
+    for (int r = 0; r < n && reached; ++r) {
+      const Descs& d = descs[static_cast<std::size_t>(r)];
+      out->send[static_cast<std::size_t>(r)] = resolve(r, d.send);
+      out->recv[static_cast<std::size_t>(r)] = resolve(r, d.recv);
+    }
+    if (w.one_process()) {
+      *direct = true;  // nothing was mapped: every rank succeeded alike
+      w.count_direct();
+      return {};
+    }
   }
-  if (w.one_process()) {
-    *direct = true;  // nothing was mapped: every rank succeeded alike
-    w.count_direct();
-    return {};
-  }
-  // Whether every rank mapped everything: one more hand-off.
-  bool all_mapped = true;
+  // Whether every rank reached everything: one more hand-off.
+  bool all_reached = true;
   auto agree = [&](std::size_t, std::uint64_t s, int t) {
     if (t == 0) {
-      *reinterpret_cast<volatile std::uint64_t*>(w.slot(me, s)) = mapped ? 1 : 0;
+      *reinterpret_cast<volatile std::uint64_t*>(w.slot(me, s)) = reached ? 1 : 0;
       return;
     }
     for (int r = 0; r < n; ++r) {
-      all_mapped = all_mapped && *reinterpret_cast<const volatile std::uint64_t*>(w.slot(r, s)) == 1;
+      all_reached = all_reached && *reinterpret_cast<const volatile std::uint64_t*>(w.slot(r, s)) == 1;
     }
   };
   if (Status st = run_pipeline(g, sig, 1, 2, agree, [](int) { return Deps::all(); }, "direct-path agreement");
       !st.ok()) {
     return st;
   }
-  *direct = all_mapped;
-  if (all_mapped) w.count_direct();
+  *direct = all_reached;
+  if (all_reached) w.count_direct();
   return {};
 }
 

@@ -39,19 +39,53 @@
 
 namespace cclz::coll::shm {
 
-// The buffers of every rank of the window, as mapped here: sends are read,
-// receive buffers read (all-gather, all-to-all) or written (all-reduce).
+// The buffers of every rank of the window: sends are read, receive buffers
+// read (all-gather, all-to-all) or written (all-reduce). Mapped here, or,
+// with `cma`, reached through cross-memory attach: then the other ranks'
+// entries are addresses in their own processes, never to be dereferenced
+// here, only passed to peer_read()/peer_write().
 struct PeerBuffers {
   std::vector<const std::byte*> send;  // indexed by local rank; this rank's own too
   std::vector<std::byte*> recv;
+  bool cma = false;
+  std::vector<int> pid;  // with cma: each local rank's process
 };
 
+// Copies n bytes from rank r's `from` (as PeerBuffers holds it) to `to`
+// here, or from `from` here to rank r's `to`: memcpy when mapped (or r is
+// this rank), process_vm_readv/writev with cma. Errors (cma only): a range
+// the peer's process does not have, as invalid_usage naming rank and range.
+Status peer_read(const Group& g, const PeerBuffers& pb, int r, void* to, const std::byte* from, std::size_t n);
+Status peer_write(const Group& g, const PeerBuffers& pb, int r, std::byte* to, const void* from, std::size_t n);
+
+// From kCmaMinBytes up (the call's largest buffer), calls whose buffers cannot
+// be mapped by every rank (heap memory of processes) go through
+// cross-memory attach, for the collectives that support it: one copy in the
+// kernel per byte that crosses, against two through a slot. Below it the
+// staged path is faster (docs/performance.md, "Cross-memory attach").
+constexpr std::uint64_t kCmaMinBytes = std::uint64_t{256} << 10;
+// Whether an out-of-place call goes through cross-memory attach (the
+// collectives pass it to run_if_direct as allow_cma): while the node's
+// buffers (every rank's input and output) come to at most 64 MiB. Beyond,
+// the kernel's copy, which stores through the cache and reads every output
+// line from memory first, lost to the staged path, which streams its
+// outputs (2 ranks: all-gather of 256 MB 45 against 36 ms, all-reduce of 64
+// MB 18.9 against 17.2; 4 ranks: all-reduce of 16 MB 11.8-14.7 against 9.9).
+// In place, the all-reduce writes lines it has just read and goes on
+// winning at every size.
+constexpr std::uint64_t kCmaMaxNodeBytes = std::uint64_t{64} << 20;
+inline bool cma_out_of_place(const Group& g, std::size_t in_bytes, std::size_t out_bytes) noexcept {
+  return static_cast<std::uint64_t>(g.size()) * (in_bytes + out_bytes) <= kCmaMaxNodeBytes;
+}
+
 // Agrees, with every rank of the window, whether this call runs direct.
-// `send_bytes`/`recv_bytes` are this rank's buffer sizes. Sets *direct and,
-// when true, *out. Errors: only the window's (a peer failed or the call
+// `send_bytes`/`recv_bytes` are this rank's buffer sizes; `cma_ok`: the
+// collective can run on PeerBuffers reached through cross-memory attach.
+// Sets *direct and, when true, *out (mapped when every rank's buffers can
+// be, else cma). Errors: only the window's (a peer failed or the call
 // disagrees), after which the communicator is poisoned as usual.
 Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void* send, std::size_t send_bytes,
-                    const void* recv, std::size_t recv_bytes, bool* direct, PeerBuffers* out);
+                    const void* recv, std::size_t recv_bytes, bool cma_ok, bool* direct, PeerBuffers* out);
 
 // Returns once every rank of the window has finished the direct call (so no
 // peer reads or writes this rank's buffers any more).
@@ -104,31 +138,43 @@ class DirectHistory {
 // ranks agree, runs direct(sig, pb) (returning a Status or nothing) on the
 // peers' buffers, then the fence, and sets *ran.
 // `send_bytes`/`recv_bytes`: the sizes of this rank's buffers that peers
-// use (0: not used).
+// use (0: not used). `cma_supported`: direct() handles PeerBuffers::cma, so
+// heap buffers of kCmaMinBytes and more may go direct through cross-memory
+// attach; `allow_cma`: this rank offers it for this call.
+// An error from direct() (a peer's buffer cross-memory attach could not
+// reach) still waits for the fence, so that no peer is left waiting.
 template <class Direct>
 Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size_t send_bytes,
-                     std::size_t recv_bytes, bool* ran, Direct&& direct) {
+                     std::size_t recv_bytes, bool* ran, Direct&& direct, bool cma_supported = false,
+                     bool allow_cma = false) {
   *ran = false;
   detail::ShmWindow& w = *g.shm();
   const std::uint64_t bytes = largest, threshold = w.direct_min_bytes();
   if (threshold == detail::ShmWindow::kDirectOff || bytes < std::min(threshold, direct_probe_min_bytes(a.kind))) {
     return {};
   }
+  // A call cross-memory attach could take always asks (heap buffers then go
+  // direct anyway); whether it may is the same on every rank, while what
+  // each offers (allow_cma, e.g. by in place or not) may differ.
+  const bool cma_possible = cma_supported && w.cma() && bytes >= kCmaMinBytes;
   DirectHistory& history = w.local_state<DirectHistory>();
-  if (bytes < threshold && !history.try_below_threshold()) return {};
+  if (bytes < threshold && !cma_possible && !history.try_below_threshold()) return {};
   const auto sig = call_sig(g, a, a.count);
   PeerBuffers pb;
   w.count_direct_try();
-  Status agreed = agree_direct(g, sig, a.sendbuf, send_bytes, a.recvbuf, recv_bytes, ran, &pb);
+  Status agreed =
+      agree_direct(g, sig, a.sendbuf, send_bytes, a.recvbuf, recv_bytes, cma_possible && allow_cma, ran, &pb);
   if (!agreed.ok()) return agreed;
   history.record(*ran);
   if (!*ran) return {};
   if constexpr (std::is_void_v<decltype(direct(sig, pb))>) {
     direct(sig, pb);  // copies and reductions that cannot fail
-  } else if (Status st = direct(sig, pb); !st.ok()) {
-    return st;
+    return fence(g, sig, coll_name(a.kind));
+  } else {
+    Status st = direct(sig, pb);
+    Status fenced = fence(g, sig, coll_name(a.kind));
+    return st.ok() ? fenced : st;
   }
-  return fence(g, sig, coll_name(a.kind));
 }
 
 }  // namespace cclz::coll::shm

@@ -800,7 +800,7 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
                    "; CCLZ_SHM_DIRECT_KB=" +
                    (shm->direct_min_bytes() == ShmWindow::kDirectOff ? std::string("off")
                                                                      : std::to_string(shm->direct_min_bytes() >> 10)) +
-                   "; caches: L2 " + std::to_string(shm->l2_bytes() >> 10) + " KiB, last level " +
+                   "; CCLZ_SHM_CMA=" + (shm->cma() ? "1" : "0") + "; caches: L2 " + std::to_string(shm->l2_bytes() >> 10) + " KiB, last level " +
                    std::to_string(shm->llc_bytes() >> 10) + " KiB");
   }
   std::unique_ptr<CommImpl> impl;

@@ -218,6 +218,9 @@ struct CommImpl {
   std::uint64_t direct_min_bytes() const noexcept {
     return window() ? window()->direct_min_bytes() : ShmWindow::kDirectOff;
   }
+  // Whether heap buffers may go direct through cross-memory attach, as the
+  // node's first rank set it (CCLZ_SHM_CMA); false without a window.
+  bool shm_cma() const noexcept { return window() && window()->cma(); }
   const std::vector<RankInfo>& rank_infos() const noexcept { return ranks_; }
 
   int rank_ = 0;

@@ -269,6 +269,12 @@ Status config_from_env(Config* out) {
       c.shm_direct_min_bytes = static_cast<std::uint64_t>(k) << 10;
     }
   }
+  if (const char* v = env("CCLZ_SHM_CMA")) {
+    if (std::string_view(v) != "0" && std::string_view(v) != "1") {
+      return {Result::invalid_argument, std::string("CCLZ_SHM_CMA='") + v + "' is not 0 or 1"};
+    }
+    c.shm_cma = v[0] == '1';
+  }
   // The transport reads the wait back-off itself (UcxWaitPolicy::from_env);
   // checking the values here makes a malformed one fail the communicator's
   // creation instead of silently becoming the default.

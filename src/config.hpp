@@ -24,6 +24,10 @@
 //                             default 1024; the node's first rank's setting applies);
 //                             from 32-128 KiB (per collective) up to it, calls
 //                             do so while the last agreement went direct
+//   CCLZ_SHM_CMA=0|1          node-local calls of heap buffers from 256 KiB
+//                             (that collectives supporting it) copy between the
+//                             ranks' processes with process_vm_readv/writev
+//                             (default 1; the node's first rank's setting applies)
 //   CCLZ_SPIN_US, CCLZ_YIELD_US, CCLZ_POLL_MS  checked here, applied by the
 //                             UCX transport (UcxWaitPolicy::from_env)
 //   (CCLZ_NODE_ID is read by the bootstrap into RankInfo::node_override.)
@@ -62,6 +66,7 @@ struct Config {
   int shm_allreduce_handoffs = 0;  // CCLZ_SHM_ALLREDUCE_HANDOFFS; 0 = auto
   int shm_slot_stores = 0;         // CCLZ_SHM_SLOT_STORES; 0 = auto, 1 = cache, 2 = memory
   std::uint64_t shm_direct_min_bytes = std::uint64_t{1024} << 10;  // CCLZ_SHM_DIRECT_KB; ~0 = off
+  bool shm_cma = true;                                             // CCLZ_SHM_CMA
   std::uint64_t shm_l2_bytes = 0;   // CCLZ_SHM_L2_KB; 0 = the host's (sysfs)
   std::uint64_t shm_llc_bytes = 0;  // CCLZ_SHM_LLC_KB; 0 = the host's (sysfs)
 

@@ -51,7 +51,7 @@ Status setup_shm_window(Transport& t, const Topology& topo, std::span<const Rank
                                          : ShmWindow::default_slot_bytes(static_cast<int>(members.size()), cfg.shm_slots);
       const ShmWindow::Geometry geo{static_cast<int>(members.size()), slot_bytes, cfg.shm_slots,
                                     cfg.shm_allreduce_handoffs, cfg.shm_direct_min_bytes, cfg.shm_l2_bytes,
-                                    cfg.shm_llc_bytes, cfg.shm_slot_stores};
+                                    cfg.shm_llc_bytes, cfg.shm_slot_stores, cfg.shm_cma};
       if (Status st = ShmWindow::create_named(geo, &name, &seg); !st.ok()) {
         std::snprintf(msg + 1, sizeof msg - 1, "rank %d: %s", me, st.message().c_str());
       } else {

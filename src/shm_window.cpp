@@ -47,6 +47,7 @@ struct Header {
   std::uint64_t l2_bytes;
   std::uint64_t llc_bytes;
   std::int32_t slot_stores;
+  std::int32_t cma;
 };
 
 struct alignas(kLine) RankCtl {
@@ -139,8 +140,8 @@ class ShmSegment {
   }
   ShmWindow::Geometry geometry() const {
     const Header& h = header();
-    return {h.local_size, h.slot_bytes, h.slots, h.allreduce_handoffs, h.direct_min_bytes, h.l2_bytes, h.llc_bytes,
-            h.slot_stores};
+    return {h.local_size,  h.slot_bytes, h.slots,       h.allreduce_handoffs, h.direct_min_bytes,
+            h.l2_bytes,    h.llc_bytes,  h.slot_stores, h.cma != 0};
   }
   void cache_offsets() {
     const Offsets o = offsets(geometry());
@@ -162,7 +163,8 @@ class ShmSegment {
                                  g.direct_min_bytes,
                                  g.l2_bytes != 0 ? g.l2_bytes : host.l2,
                                  g.llc_bytes != 0 ? g.llc_bytes : host.llc,
-                                 g.slot_stores};
+                                 g.slot_stores,
+                                 g.cma ? 1 : 0};
     (void)h;
     const Offsets o = offsets(g);
     for (int r = 0; r < g.local_size; ++r) {
@@ -344,6 +346,7 @@ int ShmWindow::slots() const noexcept { return seg_->header().slots; }
 int ShmWindow::allreduce_handoffs() const noexcept { return seg_->header().allreduce_handoffs; }
 int ShmWindow::slot_stores() const noexcept { return seg_->header().slot_stores; }
 std::uint64_t ShmWindow::direct_min_bytes() const noexcept { return seg_->header().direct_min_bytes; }
+bool ShmWindow::cma() const noexcept { return seg_->header().cma != 0; }
 std::uint64_t ShmWindow::l2_bytes() const noexcept { return seg_->header().l2_bytes; }
 std::uint64_t ShmWindow::llc_bytes() const noexcept { return seg_->header().llc_bytes; }
 int ShmWindow::pid(int r) const noexcept { return seg_->ctl(r).pid.load(std::memory_order_acquire); }

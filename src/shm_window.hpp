@@ -96,6 +96,11 @@ class ShmWindow {
     // first rank, 1 = ordinary stores, 2 = streaming stores
     // (CCLZ_SHM_SLOT_STORES).
     int slot_stores = 0;
+    // Whether calls whose buffers cannot be mapped (heap memory of
+    // processes) may go direct through cross-memory attach
+    // (process_vm_readv/writev; collectives/shm_direct.hpp). From the node's
+    // first rank (CCLZ_SHM_CMA).
+    bool cma = true;
   };
   static constexpr std::uint64_t kDirectMinBytes = std::uint64_t{1024} << 10;
   static constexpr std::uint64_t kDirectOff = ~std::uint64_t{0};
@@ -147,6 +152,7 @@ class ShmWindow {
   int allreduce_handoffs() const noexcept;
   int slot_stores() const noexcept;
   std::uint64_t direct_min_bytes() const noexcept;
+  bool cma() const noexcept;
   std::uint64_t l2_bytes() const noexcept;
   std::uint64_t llc_bytes() const noexcept;
   // The process id of local rank r (0 until it has attached).

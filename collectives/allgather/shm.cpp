@@ -69,11 +69,23 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
 
 namespace {
 
-void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
+Status run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t block = a.count * a.elem_size();
   auto* out = static_cast<std::byte*>(a.recvbuf);
   auto out_copy = shm::stream_outputs(g, block, block * static_cast<std::size_t>(n)) ? shm::copy_stream : shm::copy;
+  if (pb.cma) {
+    // One kernel copy per peer block, straight into the output.
+    for (int k = 1; k < n; ++k) {
+      const int q = (me + k) % n;
+      Status st = shm::peer_read(g, pb, q, out + static_cast<std::size_t>(q) * block,
+                                 pb.send[static_cast<std::size_t>(q)], block);
+      if (!st.ok()) return st;
+    }
+    std::byte* mine = out + static_cast<std::size_t>(me) * block;
+    if (mine != a.sendbuf) out_copy(mine, a.sendbuf, block);
+    return {};
+  }
   // The ranks go through the blocks piece by piece (a slot's worth) at
   // about the same pace, each copying its own block's piece first: the
   // peers copy that piece a moment later and find it in the shared cache,
@@ -88,6 +100,7 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
       if (to != from) out_copy(to, from, len);
     }
   }
+  return {};
 }
 
 Status run(Group& g, const CollArgs& a) {
@@ -95,7 +108,8 @@ Status run(Group& g, const CollArgs& a) {
   const std::size_t block = a.count * a.elem_size();
   bool ran = false;
   Status direct = shm::run_if_direct(g, a, block * static_cast<std::size_t>(g.size()), block, 0, &ran,
-                                     [&](const auto&, const auto& pb) { run_direct(g, a, pb); });
+                                     [&](const auto&, const auto& pb) { return run_direct(g, a, pb); }, true,
+                                     shm::cma_out_of_place(g, block, block * static_cast<std::size_t>(g.size())));
   if (!direct.ok() || ran) return direct;
   const allreduce_impl::BlockLayout layout{a.count * static_cast<std::size_t>(g.size()), g.size()};
   return shm::all_gather(g, shm::call_sig(g, a, a.count), a.sendbuf, a.recvbuf, layout, a.elem_size());

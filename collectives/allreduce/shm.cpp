@@ -78,6 +78,56 @@ struct ShareScratch {
 // block is still in L1 when it is copied out to the peers.
 constexpr std::size_t kPushBlockBytes = 16 << 10;
 
+// Elements reduced at a time through cross-memory attach: each peer's
+// block is read into a buffer of this process, reduced with this rank's
+// input into its output, and written on into each peer's output while in
+// the cache; large enough that the two system calls per peer and block
+// cost little.
+constexpr std::size_t kCmaBlockBytes = 128 << 10;
+
+// The direct all-reduce through cross-memory attach (heap buffers of
+// processes): the same shares, order and kernel as run_direct's mapped
+// case, so the same bits; per rank its share of every peer's input read
+// and its share's result written to every peer's output, one kernel copy
+// each. In place is safe for the same reason (only rank r touches share r).
+Status run_direct_cma(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
+  const int n = g.size(), me = g.rank();
+  const std::size_t es = a.elem_size(), line = shm::line_elems(es);
+  const shm::Shares sh{a.count, line, n};
+  const std::size_t first = sh.off(me), m = sh.size(me);
+  const std::size_t B = std::max(line, kCmaBlockBytes / es / line * line);
+  auto& scratch = g.shm()->local_state<ShareScratch>().bytes;
+  const std::size_t want = B * es * static_cast<std::size_t>(n - 1);
+  if (scratch.size() < want) scratch.resize(want);
+  std::vector<const void*> srcs(static_cast<std::size_t>(n));
+  auto* out = static_cast<std::byte*>(a.recvbuf);
+  const auto* in = static_cast<const std::byte*>(a.sendbuf);
+  for (std::size_t o = 0; o < m; o += B) {
+    const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
+    std::byte* buf = scratch.data();
+    for (int q = 0; q < n; ++q) {
+      if (q == me) {
+        srcs[static_cast<std::size_t>(q)] = in + at;
+        continue;
+      }
+      if (Status st = shm::peer_read(g, pb, q, buf, pb.send[static_cast<std::size_t>(q)] + at, bytes); !st.ok()) {
+        return st;
+      }
+      srcs[static_cast<std::size_t>(q)] = buf;
+      buf += B * es;
+    }
+    kernels::reduce_many(out + at, srcs, bytes / es, a.dt, a.op);
+    for (int q = 0; q < n; ++q) {
+      if (q == me) continue;
+      if (Status st = shm::peer_write(g, pb, q, pb.recv[static_cast<std::size_t>(q)] + at, out + at, bytes);
+          !st.ok()) {
+        return st;
+      }
+    }
+  }
+  return {};
+}
+
 void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t es = a.elem_size(), line = shm::line_elems(es);
@@ -114,9 +164,14 @@ Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
   const std::size_t whole = a.count * a.elem_size();
   bool ran = false;
-  Status direct = shm::run_if_direct(g, a, whole, whole, whole, &ran, [&](const auto&, const auto& pb) {
-    run_direct(g, a, pb);
-  });
+  Status direct = shm::run_if_direct(
+      g, a, whole, whole, whole, &ran,
+      [&](const auto&, const auto& pb) {
+        if (pb.cma) return run_direct_cma(g, a, pb);
+        run_direct(g, a, pb);
+        return Status{};
+      },
+      true, a.sendbuf == a.recvbuf || shm::cma_out_of_place(g, whole, whole));
   if (!direct.ok() || ran) return direct;
   detail::ShmWindow& w = *g.shm();
   const int n = g.size(), me = g.rank();

@@ -5,9 +5,10 @@
 // addressed to it from every peer's slot into its output. In place works too: stage 1 of a
 // chunk overwrites only what stage 0 of that chunk has already copied.
 //
-// Large out-of-place calls whose buffers every rank can read in place
-// (shm_direct.hpp) skip the slots: each rank copies its block straight from
-// every peer's input into its output, one copy per byte. (In place, a rank
+// Large out-of-place calls skip the slots (shm_direct.hpp): each rank
+// copies its block straight from every peer's input into its output, one
+// copy per byte: from the peers' buffers mapped here where every rank's can
+// be, otherwise (heap memory) through cross-memory attach. (In place, a rank
 // would overwrite blocks its peers have yet to read.)
 //
 // Cost: 2 stages per chunk, chunks = block bytes / (slot / n); per rank the
@@ -18,7 +19,7 @@
 namespace cclz::coll {
 namespace {
 
-void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
+Status run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t block = a.count * a.elem_size();
   auto* out = static_cast<std::byte*>(a.recvbuf);
@@ -26,9 +27,15 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   auto out_copy = shm::stream_outputs(g, bytes, bytes) ? shm::copy_stream : shm::copy;
   for (int k = 1; k <= n; ++k) {
     const int q = (me + k) % n;
-    out_copy(out + static_cast<std::size_t>(q) * block,
-             pb.send[static_cast<std::size_t>(q)] + static_cast<std::size_t>(me) * block, block);
+    std::byte* to = out + static_cast<std::size_t>(q) * block;
+    const std::byte* from = pb.send[static_cast<std::size_t>(q)] + static_cast<std::size_t>(me) * block;
+    if (pb.cma && q != me) {
+      if (Status st = shm::peer_read(g, pb, q, to, from, block); !st.ok()) return st;
+    } else {
+      out_copy(to, from, block);
+    }
   }
+  return {};
 }
 
 Status run(Group& g, const CollArgs& a) {
@@ -36,8 +43,9 @@ Status run(Group& g, const CollArgs& a) {
   if (a.sendbuf != a.recvbuf) {
     const std::size_t bytes = a.count * a.elem_size() * static_cast<std::size_t>(g.size());
     bool ran = false;
-    Status direct =
-        shm::run_if_direct(g, a, bytes, bytes, 0, &ran, [&](const auto&, const auto& pb) { run_direct(g, a, pb); });
+    Status direct = shm::run_if_direct(
+        g, a, bytes, bytes, 0, &ran, [&](const auto&, const auto& pb) { return run_direct(g, a, pb); }, true,
+        shm::cma_out_of_place(g, bytes, bytes));
     if (!direct.ok() || ran) return direct;
   }
   detail::ShmWindow& w = *g.shm();

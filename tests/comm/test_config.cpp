@@ -120,6 +120,12 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     ASSERT_TRUE(detail::config_from_env(&cfg).ok()) << value;
     EXPECT_EQ(cfg.shm_direct_min_bytes, bytes) << value;
   }
+  for (const auto& [value, on] : {std::pair{"0", false}, std::pair{"1", true}}) {
+    ScopedEnv h("CCLZ_SHM_CMA", value);
+    detail::Config cfg;
+    ASSERT_TRUE(detail::config_from_env(&cfg).ok()) << value;
+    EXPECT_EQ(cfg.shm_cma, on) << value;
+  }
   {
     ScopedEnv l2("CCLZ_SHM_L2_KB", "2048"), llc("CCLZ_SHM_LLC_KB", "65536");
     detail::Config cfg;
@@ -131,7 +137,7 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     ScopedEnv t("CCLZ_TIMEOUT", nullptr), c("CCLZ_CHECK", nullptr), d("CCLZ_DEBUG", nullptr),
         a("CCLZ_ALGO", nullptr), l("CCLZ_LOCAL_SIZE", nullptr), h("CCLZ_SHM_ALLREDUCE_HANDOFFS", nullptr),
         k("CCLZ_SHM_DIRECT_KB", nullptr), l2("CCLZ_SHM_L2_KB", nullptr), llc("CCLZ_SHM_LLC_KB", nullptr),
-        ss("CCLZ_SHM_SLOT_STORES", nullptr);
+        ss("CCLZ_SHM_SLOT_STORES", nullptr), cma("CCLZ_SHM_CMA", nullptr);
     detail::Config cfg;
     ASSERT_TRUE(detail::config_from_env(&cfg).ok());
     EXPECT_EQ(cfg.timeout_s, 300.0);
@@ -144,6 +150,7 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     EXPECT_EQ(cfg.shm_l2_bytes, 0u);
     EXPECT_EQ(cfg.shm_llc_bytes, 0u);
     EXPECT_EQ(cfg.shm_slot_stores, 0);
+    EXPECT_TRUE(cfg.shm_cma);
   }
   struct Bad {
     const char* name;
@@ -156,7 +163,8 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
                 Bad{"CCLZ_SHM_SLOT_STORES", "1"}, Bad{"CCLZ_SHM_SLOT_STORES", "streaming"},
                 Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "0"}, Bad{"CCLZ_SHM_ALLREDUCE_HANDOFFS", "one"},
                 Bad{"CCLZ_SHM_DIRECT_KB", "-1"}, Bad{"CCLZ_SHM_DIRECT_KB", "1M"}, Bad{"CCLZ_SHM_DIRECT_KB", "never"},
-                Bad{"CCLZ_SHM_L2_KB", "0"}, Bad{"CCLZ_SHM_L2_KB", "1M"}, Bad{"CCLZ_SHM_LLC_KB", "-32768"}}) {
+                Bad{"CCLZ_SHM_L2_KB", "0"}, Bad{"CCLZ_SHM_L2_KB", "1M"}, Bad{"CCLZ_SHM_LLC_KB", "-32768"},
+                Bad{"CCLZ_SHM_CMA", "yes"}, Bad{"CCLZ_SHM_CMA", "2"}}) {
     ScopedEnv e(b.name, b.value);
     detail::Config cfg;
     Status st = detail::config_from_env(&cfg);

@@ -13,8 +13,10 @@
 #include <gtest/gtest.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -52,6 +54,25 @@ Request issue(Comm& c, const CollCase& cc, const void* s, void* r, const CallOpt
 std::uint64_t direct_floor(Comm& c, CollKind kind) {
   const std::uint64_t t = c.impl()->direct_min_bytes();
   return t == detail::ShmWindow::kDirectOff ? t : std::min(t, coll::shm::direct_probe_min_bytes(kind));
+}
+
+// Whether a call of heap buffers goes direct through cross-memory attach
+// where the window allows it (shm_direct.hpp): the all-reduce, all-gather
+// and all-to-all from kCmaMinBytes, out of place while the node's buffers
+// fit kCmaMaxNodeBytes, and the all-reduce in place at any size.
+bool cma_eligible(Comm& c, const CollCase& cc, bool in_place) {
+  const std::uint64_t es = dtype_size(cc.dt), n = static_cast<std::uint64_t>(cc.nranks);
+  std::uint64_t in = 0, out = 0;
+  switch (cc.kind) {
+    case CollKind::all_reduce: in = out = cc.count * es; break;
+    case CollKind::all_gather: in = cc.count * es, out = in * n; break;
+    case CollKind::all_to_all: in = out = cc.count * es * n; break;
+    default: return false;
+  }
+  if (!c.impl()->shm_cma() || cc.count == 0 || std::max(in, out) < coll::shm::kCmaMinBytes) return false;
+  if (c.impl()->direct_min_bytes() == detail::ShmWindow::kDirectOff) return false;
+  if (in_place && cc.kind == CollKind::all_reduce) return true;
+  return n * (in + out) <= coll::shm::kCmaMaxNodeBytes;
 }
 
 // One call. Returns false when the collective failed (the communicator is
@@ -185,22 +206,105 @@ TEST(Direct, RegisteredBuffersBitExact) {
   }
 }
 
-// Rank 0's buffers are heap memory, the others' mem_alloc: no rank can read
-// rank 0's buffers, so every rank must take the staged path, exactly.
+// Rank 0's buffers are heap memory, the others' mem_alloc: no rank can map
+// rank 0's buffers, so every rank must take the staged path, exactly, or,
+// for the collectives that have it, cross-memory attach, all alike.
 TEST(Direct, OneHeapRankSendsEveryoneStaged) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
   const int n = c->size();
   std::vector<std::uint64_t> hashes;
   const std::uint64_t before = c->impl()->direct_calls();
+  std::uint64_t via_cma = 0;
   for (CollKind kind : kKinds) {
     const std::size_t count = testing::count_for_bytes(kind, 1u << 20, DataType::f32, n) | 1;
     CollCase cc{kind, DataType::f32, ReduceOp::sum, count, 0, n};
     bool eligible = false;
     ASSERT_TRUE(run_one(*c, cc, false, c->rank() != 0, "", &hashes, &eligible));
+    via_cma += eligible && direct_expected(*c) && cma_eligible(*c, cc, false);
   }
   expect_same_everywhere(hashes);
-  EXPECT_EQ(c->impl()->direct_calls(), before) << rank_tag() << ": went direct although rank 0's buffers are heap";
+  EXPECT_EQ(c->impl()->direct_calls() - before, via_cma)
+      << rank_tag() << ": rank 0's buffers are heap: only cross-memory attach may go direct";
+}
+
+// Heap buffers on every rank: the all-reduce, all-gather and all-to-all go
+// through cross-memory attach where it applies (sizes around its bounds,
+// odd counts, several dtypes and ops, in and out of place), everything else
+// staged; every call bitwise against the reference. With CCLZ_SHM_CMA=0 on
+// the node's first rank (mpi-cma-first-0), nothing goes direct.
+TEST(Cma, HeapBuffersBitExact) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  struct Shape {
+    DataType dt;
+    ReduceOp op;
+    std::size_t bytes;
+  };
+  const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 200u << 10}, {DataType::f32, ReduceOp::sum, 300u << 10},
+                          {DataType::bf16, ReduceOp::sum, 1u << 20},  {DataType::i32, ReduceOp::max, 3u << 20},
+                          {DataType::f16, ReduceOp::prod, 700u << 10}, {DataType::f64, ReduceOp::min, 9u << 20},
+                          {DataType::u8, ReduceOp::sum, 40u << 20}};
+  std::vector<std::uint64_t> hashes;
+  std::uint64_t want = 0;
+  const std::uint64_t before = c->impl()->direct_calls();
+  for (CollKind kind : kKinds) {
+    const testing::CollInfo& info = testing::coll_info(kind);
+    for (const Shape& s : shapes) {
+      const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
+      for (bool in_place : {false, true}) {
+        if (in_place && !info.has_in_place) continue;
+        CollCase cc{kind, s.dt, info.reduces ? s.op : ReduceOp::sum, count, 0, n};
+        bool eligible = false;
+        ASSERT_TRUE(run_one(*c, cc, in_place, false, "shm", &hashes, &eligible));
+        want += eligible && direct_expected(*c) && cma_eligible(*c, cc, in_place);
+      }
+    }
+  }
+  expect_same_everywhere(hashes);
+  EXPECT_EQ(c->impl()->direct_calls() - before, want) << rank_tag() << ": heap calls through cross-memory attach";
+  if (direct_expected(*c) && c->impl()->shm_cma()) {
+    EXPECT_GT(want, 0u) << rank_tag() << ": no call was eligible";
+  }
+}
+
+// The last rank's in-place all-gather block ends, in its process, a page
+// before the count says: the peers' cross-memory reads of it fail, and
+// they must say so (invalid_usage naming the rank) instead of crashing or
+// hanging, while the last rank, which reads only the others' blocks,
+// completes. The communicator is not used afterwards.
+TEST(Cma, ShortPeerBufferIsAClearError) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size(), rank = c->rank(), last = n - 1;
+  if (!direct_expected(*c) || !c->impl()->shm_cma()) {
+    GTEST_SKIP() << "needs several ranks sharing one window with cross-memory attach on";
+  }
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t block = 64 * page, count = block / sizeof(float), total = block * static_cast<std::size_t>(n);
+  // The whole output, and one page more that the last rank takes away.
+  void* mem = mmap(nullptr, total + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* out = static_cast<std::byte*>(mem);
+  for (std::size_t i = 0; i < total; ++i) out[i] = std::byte{static_cast<unsigned char>(rank + 1)};
+  if (rank == last) {
+    ASSERT_EQ(munmap(out + total - page, 2 * page), 0);
+  }
+  const Status st =
+      c->all_gather(out + static_cast<std::size_t>(rank) * block, out, count, DataType::f32).wait();
+  if (rank == last) {
+    EXPECT_TRUE(st.ok()) << rank_tag() << ": " << st.to_string();
+    for (int q = 0; q < last; ++q) {
+      EXPECT_EQ(out[static_cast<std::size_t>(q) * block], std::byte{static_cast<unsigned char>(q + 1)}) << q;
+    }
+  } else {
+    EXPECT_EQ(st.code(), Result::invalid_usage) << rank_tag() << ": " << st.to_string();
+    EXPECT_NE(st.message().find("cross-memory attach could not read rank " + std::to_string(last)),
+              std::string::npos)
+        << st.message();
+  }
+  munmap(out, rank == last ? total - page : total + page);
 }
 
 // Below the threshold, in the probing band, calls ask their peers only
@@ -324,6 +428,53 @@ TEST(DirectUnmappable, OneRankCannotMapSendsEveryoneStaged) {
   }
   EXPECT_EQ(c->impl()->direct_calls(), before) << rank_tag() << ": went direct although rank " << n - 1
                                                << " could not map its peers' buffers";
+}
+
+// From now on process_vm_readv and process_vm_writev fail with EPERM in
+// this process: a host whose security policy forbids cross-memory attach.
+bool deny_cma() {
+  sock_filter code[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 1, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+// The last rank may not use cross-memory attach. Heap buffers everywhere:
+// the first eligible call's probe fails on that rank, the confirming
+// hand-off sends every rank staged, and from then on that rank no longer
+// offers it, so no later call goes direct either; every result exact.
+// Changes the process for good: a job of its own (mpi-cma-refused).
+TEST(CmaRefused, OneRankDeniedSendsEveryoneStaged) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  if (c->rank() == n - 1) {
+    ASSERT_TRUE(deny_cma()) << rank_tag() << ": cannot install the seccomp filter";
+  }
+  std::vector<std::uint64_t> hashes;
+  const std::uint64_t before = c->impl()->direct_calls(), tries = c->impl()->direct_tries();
+  std::uint64_t eligible_calls = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (CollKind kind : {CollKind::all_reduce, CollKind::all_gather, CollKind::all_to_all}) {
+      const std::size_t count = testing::count_for_bytes(kind, 2u << 20, DataType::f32, n) | 1;
+      CollCase cc{kind, DataType::f32, ReduceOp::sum, count, 0, n};
+      bool eligible = false;
+      ASSERT_TRUE(run_one(*c, cc, false, false, "", &hashes, &eligible));
+      eligible_calls += eligible && cma_eligible(*c, cc, false);
+    }
+  }
+  expect_same_everywhere(hashes);
+  if (direct_expected(*c)) {
+    EXPECT_GT(eligible_calls, 0u) << rank_tag() << ": no call reached the agreement";
+    EXPECT_EQ(c->impl()->direct_tries() - tries, 9u) << rank_tag();
+  }
+  EXPECT_EQ(c->impl()->direct_calls(), before) << rank_tag() << ": went direct although rank " << n - 1
+                                               << " may not use cross-memory attach";
 }
 
 }  // namespace

@@ -319,7 +319,8 @@ def check_shared(ck):
     ck.same("bytes around the view", torch.cat([big[:5], big[5 + count:]]), torch.zeros(7))
 
     # Rank 0's tensor is heap memory: the ranks agree to stage, and the
-    # result is the same.
+    # result is the same. (Run with CCLZ_SHM_CMA=0: heap buffers would
+    # otherwise go direct through cross-memory attach; tests/mpi checks that.)
     before = cclz.torch.direct_calls()
     t = rank_input(rank, count, torch.float32)
     if rank != 0:
