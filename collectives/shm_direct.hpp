@@ -16,6 +16,13 @@
 //     all of them decide alike. If all can be read, each maps the peers'
 //     buffers (cache hits after the first call) and, between processes, a
 //     second chunk's hand-off tells every rank whether all mappings worked.
+//   - Where some rank's buffers cannot be mapped (heap memory), the
+//     all-reduce, all-gather and all-to-all may go through cross-memory
+//     attach instead (process_vm_readv/writev on the peers' own addresses):
+//     each rank offers it for calls of kCmaMinBytes and more, out of place
+//     while cma_out_of_place(); if every rank offers it, a first call reads
+//     a byte of each peer's buffer and the ranks confirm in one hand-off
+//     (a kernel that refuses ends this rank's offers for good).
 // The collective then runs on the peers' buffers and ends with fence(): a
 // rank returns only after every peer is done with its buffers, since the
 // caller may reuse them at once.

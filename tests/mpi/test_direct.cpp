@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -386,17 +387,23 @@ TEST(Direct, ManyShortLivedBuffers) {
   }
 }
 
-// From now on pidfd_getfd fails with EPERM in this process (a seccomp
-// filter, which cannot be removed): what a host that forbids taking
-// another process's descriptors looks like to the direct path.
-bool deny_pidfd_getfd() {
-  sock_filter code[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pidfd_getfd, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+// From now on the system calls `nrs` fail with EPERM in this process (a
+// seccomp filter, which cannot be removed): what a host that forbids them
+// looks like to the direct path.
+bool deny_syscalls(std::initializer_list<long> nrs) {
+  // Load the number; one test per call, jumping to the EPERM return at the
+  // end; allow everything else.
+  std::vector<sock_filter> code{BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr))};
+  const auto k = static_cast<unsigned char>(nrs.size());
+  unsigned char j = 1;
+  for (long nr : nrs) {
+    const auto to_deny = static_cast<unsigned char>(k + 1 - j);
+    code.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<unsigned>(nr), to_deny, 0));
+    ++j;
+  }
+  code.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+  code.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)));
+  sock_fprog prog{static_cast<unsigned short>(code.size()), code.data()};
   return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
 }
 
@@ -410,7 +417,7 @@ TEST(DirectUnmappable, OneRankCannotMapSendsEveryoneStaged) {
   ASSERT_NE(c, nullptr);
   const int n = c->size();
   if (c->rank() == n - 1) {
-    ASSERT_TRUE(deny_pidfd_getfd()) << rank_tag() << ": cannot install the seccomp filter";
+    ASSERT_TRUE(deny_syscalls({SYS_pidfd_getfd})) << rank_tag() << ": cannot install the seccomp filter";
   }
   std::vector<std::uint64_t> hashes;
   const std::uint64_t before = c->impl()->direct_calls();
@@ -430,20 +437,6 @@ TEST(DirectUnmappable, OneRankCannotMapSendsEveryoneStaged) {
                                                << " could not map its peers' buffers";
 }
 
-// From now on process_vm_readv and process_vm_writev fail with EPERM in
-// this process: a host whose security policy forbids cross-memory attach.
-bool deny_cma() {
-  sock_filter code[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 1, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
-  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
-}
-
 // The last rank may not use cross-memory attach. Heap buffers everywhere:
 // the first eligible call's probe fails on that rank, the confirming
 // hand-off sends every rank staged, and from then on that rank no longer
@@ -454,7 +447,8 @@ TEST(CmaRefused, OneRankDeniedSendsEveryoneStaged) {
   ASSERT_NE(c, nullptr);
   const int n = c->size();
   if (c->rank() == n - 1) {
-    ASSERT_TRUE(deny_cma()) << rank_tag() << ": cannot install the seccomp filter";
+    ASSERT_TRUE(deny_syscalls({SYS_process_vm_readv, SYS_process_vm_writev}))
+        << rank_tag() << ": cannot install the seccomp filter";
   }
   std::vector<std::uint64_t> hashes;
   const std::uint64_t before = c->impl()->direct_calls(), tries = c->impl()->direct_tries();
