@@ -237,8 +237,16 @@ CacheSizes read_cache_sizes(const std::string& cpu_cache_dir) {
   return c;
 }
 
+std::uint64_t llc_share(std::uint64_t llc, long cpus) noexcept {
+  return std::min(llc, static_cast<std::uint64_t>(std::max(1L, cpus)) * kLlcPerCpu);
+}
+
 const CacheSizes& host_cache_sizes() {
-  static const CacheSizes sizes = read_cache_sizes("/sys/devices/system/cpu/cpu0/cache");
+  static const CacheSizes sizes = [] {
+    CacheSizes c = read_cache_sizes("/sys/devices/system/cpu/cpu0/cache");
+    c.llc = llc_share(c.llc, sysconf(_SC_NPROCESSORS_ONLN));
+    return c;
+  }();
   return sizes;
 }
 

@@ -54,7 +54,14 @@ struct CacheSizes {
   std::uint64_t llc = std::uint64_t{32} << 20;
 };
 CacheSizes read_cache_sizes(const std::string& cpu_cache_dir);
-// cpu0's, read once.
+// The part of a last level of `llc` bytes that a host of `cpus` CPUs can
+// count on: at most kLlcPerCpu per CPU. A virtual machine's sysfs describes
+// the whole shared cache of the physical part (480 MiB on a 2-vCPU guest,
+// shared with every other tenant), and no server part has more than a few
+// MiB per core, so bare metal keeps its figure.
+inline constexpr std::uint64_t kLlcPerCpu = std::uint64_t{16} << 20;
+std::uint64_t llc_share(std::uint64_t llc, long cpus) noexcept;
+// cpu0's, read once, the last level as llc_share() of the online CPUs.
 const CacheSizes& host_cache_sizes();
 
 class ShmWindow {

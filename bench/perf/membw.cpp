@@ -3,6 +3,8 @@
 // the ranks of one host.
 #include "membw.hpp"
 
+#include "shm_window.hpp"
+
 #include <sched.h>
 
 #include <algorithm>
@@ -19,21 +21,9 @@
 namespace cclz::perf {
 
 std::size_t last_level_cache_bytes() {
-  // sysfs rather than sysconf(_SC_LEVEL3_CACHE_SIZE): in VMs the latter can
-  // report the host's whole cache.
-  std::size_t best = 0;
-  for (int i = 0; i < 8; ++i) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
-    std::ifstream type_in(dir + "type"), size_in(dir + "size");
-    std::string type, size;
-    if (!(type_in >> type) || !(size_in >> size) || type == "Instruction" || size.empty()) continue;
-    std::size_t mult = 1;
-    if (size.back() == 'K') mult = std::size_t{1} << 10;
-    if (size.back() == 'M') mult = std::size_t{1} << 20;
-    const std::size_t v = std::strtoull(size.c_str(), nullptr, 10) * mult;
-    best = std::max(best, v);
-  }
-  return best;
+  // The library's figure: sysfs (not sysconf, which can report a VM host's
+  // whole cache), at most detail::kLlcPerCpu per online CPU.
+  return static_cast<std::size_t>(detail::host_cache_sizes().llc);
 }
 
 CopyBandwidth measure_copy_bandwidth(int copiers, std::size_t total_bytes, int reps, const cpu_set_t* cpus) {

@@ -21,8 +21,9 @@ struct CopyBandwidth {
 // affinity, which a rank bound to one core would share with all of them.
 CopyBandwidth measure_copy_bandwidth(int copiers, std::size_t total_bytes, int reps, const cpu_set_t* cpus = nullptr);
 
-// Size of the largest data cache of CPU 0, from sysfs (0 if unknown). Below
-// it a "memory" roofline does not bind: the data never leaves the cache.
+// The last-level cache the library plans with (detail::host_cache_sizes():
+// CPU 0's from sysfs, at most 16 MiB per online CPU). Below it a "memory"
+// roofline does not bind: the data never leaves the cache.
 std::size_t last_level_cache_bytes();
 
 }  // namespace cclz::perf

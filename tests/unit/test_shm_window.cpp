@@ -169,6 +169,17 @@ TEST(CacheSizes, ReadsLevelTwoAndTheLastLevelFromSysfs) {
   }
 }
 
+// A guest's sysfs may describe the physical part's whole shared cache: the
+// share counted is at most kLlcPerCpu per online CPU; bare metal keeps its
+// figure.
+TEST(CacheSizes, LastLevelShareOfAHost) {
+  EXPECT_EQ(llc_share(std::uint64_t{480} << 20, 2), std::uint64_t{32} << 20);  // 2-vCPU guest of a 480 MiB part
+  EXPECT_EQ(llc_share(std::uint64_t{32} << 20, 2), std::uint64_t{32} << 20);   // one 32 MiB complex
+  EXPECT_EQ(llc_share(std::uint64_t{480} << 20, 128), std::uint64_t{480} << 20);
+  EXPECT_EQ(llc_share(std::uint64_t{96} << 20, 0), kLlcPerCpu);  // no count: one CPU
+  EXPECT_LE(host_cache_sizes().llc, read_cache_sizes("/sys/devices/system/cpu/cpu0/cache").llc);
+}
+
 TEST(CacheSizes, WhatSysfsDoesNotSayKeepsTheDefaults) {
   const CacheSizes defaults;
   const CacheSizes none = read_cache_sizes("/nonexistent/cclz/cache");
