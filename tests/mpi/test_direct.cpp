@@ -163,6 +163,13 @@ bool direct_expected(Comm& c) {
 constexpr CollKind kKinds[] = {CollKind::all_reduce, CollKind::reduce_scatter, CollKind::all_gather,
                                CollKind::all_to_all,  CollKind::broadcast,      CollKind::reduce};
 
+// A call's type, op and size, for the tables of the tests below.
+struct Shape {
+  DataType dt;
+  ReduceOp op;
+  std::size_t bytes;
+};
+
 // mem_alloc buffers on every rank: calls from 300 KB (below the default
 // 1 MiB threshold: staged unless a run lowers it) to past the 4 MB
 // streaming size, several dtypes and ops, odd counts, in and out of place,
@@ -171,11 +178,6 @@ TEST(Direct, RegisteredBuffersBitExact) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
   const int n = c->size();
-  struct Shape {
-    DataType dt;
-    ReduceOp op;
-    std::size_t bytes;
-  };
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 300u << 10}, {DataType::bf16, ReduceOp::sum, 1u << 20},
                           {DataType::i32, ReduceOp::max, 2u << 20},   {DataType::f16, ReduceOp::prod, 700u << 10},
                           {DataType::u8, ReduceOp::min, 600u << 10},  {DataType::f64, ReduceOp::sum, 5u << 20}};
@@ -238,11 +240,6 @@ TEST(Cma, HeapBuffersBitExact) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
   const int n = c->size();
-  struct Shape {
-    DataType dt;
-    ReduceOp op;
-    std::size_t bytes;
-  };
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 200u << 10}, {DataType::f32, ReduceOp::sum, 300u << 10},
                           {DataType::bf16, ReduceOp::sum, 1u << 20},  {DataType::i32, ReduceOp::max, 3u << 20},
                           {DataType::f16, ReduceOp::prod, 700u << 10}, {DataType::f64, ReduceOp::min, 9u << 20},
