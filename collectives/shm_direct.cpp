@@ -162,10 +162,6 @@ Status cma_error(const Group& g, int r, bool write, std::uint64_t remote, std::s
 
 Status peer_read(const Group& g, const PeerBuffers& pb, int r, void* to, const std::byte* from, std::size_t n) {
   if (n == 0) return {};
-  if (!pb.cma || r == g.rank()) {
-    std::memcpy(to, from, n);
-    return {};
-  }
   const auto remote = reinterpret_cast<std::uintptr_t>(from);
   const int err = cma_move(false, pb.pid[static_cast<std::size_t>(r)], to, remote, n);
   return err == 0 ? Status{} : cma_error(g, r, false, remote, n, err);
@@ -173,10 +169,6 @@ Status peer_read(const Group& g, const PeerBuffers& pb, int r, void* to, const s
 
 Status peer_write(const Group& g, const PeerBuffers& pb, int r, std::byte* to, const void* from, std::size_t n) {
   if (n == 0) return {};
-  if (!pb.cma || r == g.rank()) {
-    std::memcpy(to, from, n);
-    return {};
-  }
   const auto remote = reinterpret_cast<std::uintptr_t>(to);
   const int err = cma_move(true, pb.pid[static_cast<std::size_t>(r)], const_cast<void*>(from), remote, n);
   return err == 0 ? Status{} : cma_error(g, r, true, remote, n, err);

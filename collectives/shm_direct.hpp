@@ -58,10 +58,10 @@ struct PeerBuffers {
   std::vector<int> pid;  // with cma: each local rank's process
 };
 
-// Copies n bytes from rank r's `from` (as PeerBuffers holds it) to `to`
-// here, or from `from` here to rank r's `to`: memcpy when mapped (or r is
-// this rank), process_vm_readv/writev with cma. Errors (cma only): a range
-// the peer's process does not have, as invalid_usage naming rank and range.
+// With PeerBuffers::cma, copies n bytes from peer r's `from` (as
+// PeerBuffers holds it) to `to` here, or from `from` here to peer r's `to`,
+// with process_vm_readv/writev. Errors: a range the peer's process does not
+// have, as invalid_usage naming rank and range.
 Status peer_read(const Group& g, const PeerBuffers& pb, int r, void* to, const std::byte* from, std::size_t n);
 Status peer_write(const Group& g, const PeerBuffers& pb, int r, std::byte* to, const void* from, std::size_t n);
 
