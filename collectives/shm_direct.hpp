@@ -69,7 +69,8 @@ Status peer_write(const Group& g, const PeerBuffers& pb, int r, std::byte* to, c
 // be mapped by every rank (heap memory of processes) go through
 // cross-memory attach, for the collectives that support it: one copy in the
 // kernel per byte that crosses, against two through a slot. Below it the
-// staged path is faster (docs/performance.md, "Cross-memory attach").
+// staged path is faster (docs/performance.md, "The Intel host and
+// cross-memory attach").
 constexpr std::uint64_t kCmaMinBytes = std::uint64_t{256} << 10;
 // Whether an out-of-place call goes through cross-memory attach (the
 // collectives pass it to run_if_direct as allow_cma): while the node's
