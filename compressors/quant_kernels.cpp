@@ -570,7 +570,8 @@ const Kernels* kernels_for(kernels::Isa isa) noexcept {
 #else
       return nullptr;
 #endif
-    case kernels::Isa::avx512: return nullptr;  // no 512-bit quantisation kernels: avx2's serve
+    case kernels::Isa::avx512:
+    case kernels::Isa::avx512fp16: return nullptr;  // no 512-bit quantisation kernels: avx2's serve
   }
   return nullptr;
 }

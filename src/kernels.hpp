@@ -86,8 +86,9 @@ enum class Isa : int {
   generic = 0,  // baseline x86-64 (SSE2), or the target's default elsewhere
   avx2 = 1,     // x86-64-v3: AVX2, F16C, FMA (not used: no contraction)
   avx512 = 2,   // x86-64-v4: avx2's kernels, with f16/bf16 on 512-bit vectors
+  avx512fp16 = 3,  // avx512, with two-input f16 steps in AVX512-FP16 arithmetic
 };
-inline constexpr Isa kAllIsas[] = {Isa::generic, Isa::avx2, Isa::avx512};
+inline constexpr Isa kAllIsas[] = {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512fp16};
 const char* isa_name(Isa isa) noexcept;
 
 struct Variant {

@@ -553,6 +553,44 @@ TEST(KernelsReduce, EveryVariantDtypeOpCountAliasAndAlignment) {
   }
 }
 
+// Every f16 and bf16 pattern as the first operand, against second operands
+// that make ties, cancellations, overflows and subnormal results (each
+// pattern's neighbour, itself negated, one and eleven binades up, and a
+// scrambled one), in every variant: bit for bit the widened reference. The
+// avx512fp16 variant reduces f16 in native half arithmetic, which has to
+// agree with widening to f32 and rounding back.
+TEST(KernelsReduce, HalvesEveryPatternEveryVariant) {
+  constexpr std::size_t kPatterns = 1 << 16;
+  const std::pair<unsigned, unsigned> partners[] = {{1, 0},      {1, 1},      {1, 0x8000}, {1, 0x8001},
+                                                    {1, 0x0400}, {1, 0x2c00}, {40503, 12345}};
+  std::vector<std::uint16_t> a(kPatterns), b(kPatterns), d(kPatterns), want(kPatterns);
+  for (std::size_t i = 0; i < kPatterns; ++i) a[i] = static_cast<std::uint16_t>(i);
+  std::vector<const unsigned char*> elems(2);
+  for (DataType dt : {DataType::f16, DataType::bf16}) {
+    for (ReduceOp op : kOps) {
+      for (const auto& [mul, add] : partners) {
+        for (std::size_t i = 0; i < kPatterns; ++i) {
+          b[i] = static_cast<std::uint16_t>(i * mul + add);
+          elems[0] = reinterpret_cast<const unsigned char*>(&a[i]);
+          elems[1] = reinterpret_cast<const unsigned char*>(&b[i]);
+          want[i] = static_cast<std::uint16_t>(ref_fold(dt, op, elems));
+        }
+        for (const kernels::Variant* v : variants()) {
+          v->reduce(d.data(), a.data(), b.data(), kPatterns, dt, op);
+          std::size_t wrong = 0, first = 0;
+          for (std::size_t i = 0; i < kPatterns; ++i) {
+            const bool ok = is_nan_bits(dt, want[i]) ? is_quiet_nan_bits(dt, d[i]) : d[i] == want[i];
+            if (!ok && wrong++ == 0) first = i;
+          }
+          EXPECT_EQ(wrong, 0u) << kernels::isa_name(v->isa) << " " << cclz::dtype_name(dt) << " "
+                               << cclz::op_name(op) << " b = a * " << mul << " + " << add << ": first " << hex(a[first])
+                               << " and " << hex(b[first]) << " want " << hex(want[first]) << " got " << hex(d[first]);
+        }
+      }
+    }
+  }
+}
+
 // The dispatching entry point gives what its variant gives.
 TEST(KernelsReduce, EntryPointUsesBestVariant) {
   const kernels::Variant& best = kernels::best_variant();
