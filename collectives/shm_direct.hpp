@@ -17,9 +17,9 @@
 //     buffers (cache hits after the first call) and, between processes, a
 //     second chunk's hand-off tells every rank whether all mappings worked.
 //   - Where some rank's buffers cannot be mapped (heap memory), the
-//     all-reduce, all-gather and all-to-all may go through cross-memory
-//     attach instead (process_vm_readv/writev on the peers' own addresses):
-//     each rank offers it for calls of kCmaMinBytes and more, out of place
+//     all-reduce, all-gather, all-to-all, reduce-scatter and broadcast may
+//     go through cross-memory attach instead (process_vm_readv/writev on the peers' own addresses):
+//     each rank offers it for calls of cma_min_bytes() and more, out of place
 //     while cma_out_of_place(); if every rank offers it, a first call reads
 //     a byte of each peer's buffer and the ranks confirm in one hand-off
 //     (a kernel that refuses ends this rank's offers for good).
@@ -65,13 +65,35 @@ struct PeerBuffers {
 Status peer_read(const Group& g, const PeerBuffers& pb, int r, void* to, const std::byte* from, std::size_t n);
 Status peer_write(const Group& g, const PeerBuffers& pb, int r, std::byte* to, const void* from, std::size_t n);
 
-// From kCmaMinBytes up (the call's largest buffer), calls whose buffers cannot
-// be mapped by every rank (heap memory of processes) go through
+// From cma_min_bytes() up (the call's largest buffer), calls whose buffers
+// cannot be mapped by every rank (heap memory of processes) go through
 // cross-memory attach, for the collectives that support it: one copy in the
 // kernel per byte that crosses, against two through a slot. Below it the
 // staged path is faster (docs/performance.md, "The Intel host and
 // cross-memory attach").
 constexpr std::uint64_t kCmaMinBytes = std::uint64_t{256} << 10;
+// Where the node's ranks outnumber its cores, each of a direct call's three
+// hand-offs may wait for the scheduler, and the staged path stays faster up
+// to larger calls (4 ranks on 2 cores, interleaved against it: all-to-all
+// faster from 512 KiB, all-reduce and reduce-scatter from 1 MiB, all-gather
+// from 2 MiB; a broadcast's peers all reading the root's pages lost up to 8
+// MiB and won nowhere, so it never does).
+constexpr std::uint64_t kCmaNever = ~std::uint64_t{0};
+constexpr std::uint64_t cma_min_bytes(CollKind kind, bool oversubscribed) noexcept {
+  if (!oversubscribed) return kCmaMinBytes;
+  switch (kind) {
+    case CollKind::all_to_all: return std::uint64_t{512} << 10;
+    case CollKind::all_gather: return std::uint64_t{2} << 20;
+    case CollKind::broadcast: return kCmaNever;
+    default: return std::uint64_t{1} << 20;
+  }
+}
+// Bytes reduced at a time through cross-memory attach (all-reduce,
+// reduce-scatter): each peer's block is read into a buffer of this process
+// and reduced there while in the cache (and the all-reduce writes the
+// result on into each peer's output); large enough that the system calls
+// per peer and block cost little.
+constexpr std::size_t kCmaBlockBytes = std::size_t{128} << 10;
 // Whether an out-of-place call goes through cross-memory attach (the
 // collectives pass it to run_if_direct as allow_cma): while the node's
 // buffers (every rank's input and output) come to at most 64 MiB. Beyond,
@@ -147,7 +169,7 @@ class DirectHistory {
 // peers' buffers, then the fence, and sets *ran.
 // `send_bytes`/`recv_bytes`: the sizes of this rank's buffers that peers
 // use (0: not used). `cma_supported`: direct() handles PeerBuffers::cma, so
-// heap buffers of kCmaMinBytes and more may go direct through cross-memory
+// heap buffers of cma_min_bytes() and more may go direct through cross-memory
 // attach; `allow_cma`: this rank offers it for this call.
 // An error from direct() (a peer's buffer cross-memory attach could not
 // reach) still waits for the fence, so that no peer is left waiting.
@@ -164,7 +186,7 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   // A call cross-memory attach could take always asks (heap buffers then go
   // direct anyway); whether it may is the same on every rank, while what
   // each offers (allow_cma, e.g. by in place or not) may differ.
-  const bool cma_possible = cma_supported && w.cma() && bytes >= kCmaMinBytes;
+  const bool cma_possible = cma_supported && w.cma() && bytes >= cma_min_bytes(a.kind, w.oversubscribed());
   DirectHistory& history = w.local_state<DirectHistory>();
   if (bytes < threshold && !cma_possible && !history.try_below_threshold()) return {};
   const auto sig = call_sig(g, a, a.count);

@@ -221,6 +221,9 @@ struct CommImpl {
   // Whether heap buffers may go direct through cross-memory attach, as the
   // node's first rank set it (CCLZ_SHM_CMA); false without a window.
   bool shm_cma() const noexcept { return window() && window()->cma(); }
+  // Whether this node runs more of the communicator's ranks than it has
+  // cores (ShmWindow::oversubscribed); false without a window.
+  bool shm_oversubscribed() const noexcept { return window() && window()->oversubscribed(); }
   const std::vector<RankInfo>& rank_infos() const noexcept { return ranks_; }
 
   int rank_ = 0;

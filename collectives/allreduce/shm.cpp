@@ -78,13 +78,6 @@ struct ShareScratch {
 // block is still in L1 when it is copied out to the peers.
 constexpr std::size_t kPushBlockBytes = 16 << 10;
 
-// Elements reduced at a time through cross-memory attach: each peer's
-// block is read into a buffer of this process, reduced with this rank's
-// input into its output, and written on into each peer's output while in
-// the cache; large enough that the two system calls per peer and block
-// cost little.
-constexpr std::size_t kCmaBlockBytes = 128 << 10;
-
 // The direct all-reduce through cross-memory attach (heap buffers of
 // processes): the same shares, order and kernel as run_direct's mapped
 // case, so the same bits; per rank its share of every peer's input read
@@ -95,7 +88,7 @@ Status run_direct_cma(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const std::size_t es = a.elem_size(), line = shm::line_elems(es);
   const shm::Shares sh{a.count, line, n};
   const std::size_t first = sh.off(me), m = sh.size(me);
-  const std::size_t B = std::max(line, kCmaBlockBytes / es / line * line);
+  const std::size_t B = std::max(line, shm::kCmaBlockBytes / es / line * line);
   auto& scratch = g.shm()->local_state<ShareScratch>().bytes;
   const std::size_t want = B * es * static_cast<std::size_t>(n - 1);
   if (scratch.size() < want) scratch.resize(want);

@@ -11,7 +11,9 @@
 // Direct path (shm_direct.hpp; the root's buffer from mem_alloc, or thread
 // ranks): every other rank copies straight from the root's input, one copy
 // instead of two. Only the root's input is read by peers, so the others'
-// buffers may be any memory.
+// buffers may be any memory. A root's heap buffer is read the same way
+// through cross-memory attach (one kernel copy into each output), while the
+// node's buffers fit shm::cma_out_of_place.
 #include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 
@@ -29,11 +31,16 @@ Status run(Group& g, const CollArgs& a) {
   const int me = g.rank(), root = a.root;
   const std::size_t bytes = a.count * a.elem_size();
   bool ran = false;
-  Status direct = shm::run_if_direct(g, a, bytes, me == root ? bytes : 0, 0, &ran, [&](const auto&, const auto& pb) {
-    const std::byte* from =
-        me == root ? static_cast<const std::byte*>(a.sendbuf) : pb.send[static_cast<std::size_t>(root)];
-    if (from != a.recvbuf) (stream_broadcast(g, bytes) ? shm::copy_stream : shm::copy)(a.recvbuf, from, bytes);
-  });
+  Status direct = shm::run_if_direct(
+      g, a, bytes, me == root ? bytes : 0, 0, &ran,
+      [&](const auto&, const auto& pb) -> Status {
+        const std::byte* from =
+            me == root ? static_cast<const std::byte*>(a.sendbuf) : pb.send[static_cast<std::size_t>(root)];
+        if (pb.cma && me != root) return shm::peer_read(g, pb, root, a.recvbuf, from, bytes);
+        if (from != a.recvbuf) (stream_broadcast(g, bytes) ? shm::copy_stream : shm::copy)(a.recvbuf, from, bytes);
+        return {};
+      },
+      true, shm::cma_out_of_place(g, bytes, bytes));
   if (!direct.ok() || ran) return direct;
   detail::ShmWindow& w = *g.shm();
   const std::size_t es = a.elem_size(), unit = shm::line_elems(es);

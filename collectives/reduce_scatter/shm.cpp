@@ -68,12 +68,60 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   kernels::reduce_many(a.recvbuf, srcs, a.count, a.dt, a.op);
 }
 
+// Where the cross-memory attach path reads the peers' pieces.
+struct CmaScratch {
+  std::vector<std::byte> bytes;
+};
+
+// run_direct through cross-memory attach (heap buffers of processes): each
+// peer's part of my block is read, shm::kCmaBlockBytes at a time, into a
+// buffer here and reduced with my input's part into my output: the same
+// sources, order and kernel, so the same bits. Peers read only their own
+// blocks of my input, so in place (my output is my block of my input) is
+// safe. Only while the node's buffers fit shm::cma_out_of_place, in place
+// too: beyond, the kernel read the peers' inputs from memory slower than
+// the staged path's copies (2 ranks, 64 MB: 11.7-12.6 against 10.6 ms).
+Status run_direct_cma(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
+  const int n = g.size(), me = g.rank();
+  const std::size_t es = a.elem_size(), block = a.count * es;
+  const std::size_t B = std::max<std::size_t>(1, shm::kCmaBlockBytes / es);
+  auto& scratch = g.shm()->local_state<CmaScratch>().bytes;
+  const std::size_t want = B * es * static_cast<std::size_t>(n - 1);
+  if (scratch.size() < want) scratch.resize(want);
+  std::vector<const void*> srcs(static_cast<std::size_t>(n));
+  const auto* in = static_cast<const std::byte*>(a.sendbuf);
+  auto* out = static_cast<std::byte*>(a.recvbuf);
+  for (std::size_t o = 0; o < a.count; o += B) {
+    const std::size_t m = std::min(B, a.count - o), at = static_cast<std::size_t>(me) * block + o * es;
+    std::byte* buf = scratch.data();
+    for (int q = 0; q < n; ++q) {
+      if (q == me) {
+        srcs[static_cast<std::size_t>(q)] = in + at;
+        continue;
+      }
+      if (Status st = shm::peer_read(g, pb, q, buf, pb.send[static_cast<std::size_t>(q)] + at, m * es); !st.ok()) {
+        return st;
+      }
+      srcs[static_cast<std::size_t>(q)] = buf;
+      buf += B * es;
+    }
+    kernels::reduce_many(out + o * es, srcs, m, a.dt, a.op);
+  }
+  return {};
+}
+
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
   const std::size_t in_bytes = a.count * a.elem_size() * static_cast<std::size_t>(g.size());
   bool ran = false;
-  Status direct = shm::run_if_direct(g, a, in_bytes, in_bytes, 0, &ran,
-                                     [&](const auto&, const auto& pb) { run_direct(g, a, pb); });
+  Status direct = shm::run_if_direct(
+      g, a, in_bytes, in_bytes, 0, &ran,
+      [&](const auto&, const auto& pb) {
+        if (pb.cma) return run_direct_cma(g, a, pb);
+        run_direct(g, a, pb);
+        return Status{};
+      },
+      true, shm::cma_out_of_place(g, in_bytes, a.count * a.elem_size()));
   if (!direct.ok() || ran) return direct;
   const allreduce_impl::BlockLayout layout{a.count * static_cast<std::size_t>(g.size()), g.size()};
   return shm::reduce_scatter(g, shm::call_sig(g, a, a.count), a.sendbuf, a.recvbuf, layout, a.dt, a.op);

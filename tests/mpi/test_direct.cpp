@@ -58,9 +58,10 @@ std::uint64_t direct_floor(Comm& c, CollKind kind) {
 }
 
 // Whether a call of heap buffers goes direct through cross-memory attach
-// where the window allows it (shm_direct.hpp): the all-reduce, all-gather
-// and all-to-all from kCmaMinBytes, out of place while the node's buffers
-// fit kCmaMaxNodeBytes, and the all-reduce in place at any size.
+// where the window allows it (shm_direct.hpp): the all-reduce, all-gather,
+// all-to-all, reduce-scatter and broadcast from cma_min_bytes(), while the
+// node's buffers fit kCmaMaxNodeBytes, and the all-reduce in place at any
+// size.
 bool cma_eligible(Comm& c, const CollCase& cc, bool in_place) {
   const std::uint64_t es = dtype_size(cc.dt), n = static_cast<std::uint64_t>(cc.nranks);
   std::uint64_t in = 0, out = 0;
@@ -68,9 +69,12 @@ bool cma_eligible(Comm& c, const CollCase& cc, bool in_place) {
     case CollKind::all_reduce: in = out = cc.count * es; break;
     case CollKind::all_gather: in = cc.count * es, out = in * n; break;
     case CollKind::all_to_all: in = out = cc.count * es * n; break;
+    case CollKind::reduce_scatter: out = cc.count * es, in = out * n; break;
+    case CollKind::broadcast: in = out = cc.count * es; break;
     default: return false;
   }
-  if (!c.impl()->shm_cma() || cc.count == 0 || std::max(in, out) < coll::shm::kCmaMinBytes) return false;
+  const std::uint64_t floor = coll::shm::cma_min_bytes(cc.kind, c.impl()->shm_oversubscribed());
+  if (!c.impl()->shm_cma() || cc.count == 0 || std::max(in, out) < floor) return false;
   if (c.impl()->direct_min_bytes() == detail::ShmWindow::kDirectOff) return false;
   if (in_place && cc.kind == CollKind::all_reduce) return true;
   return n * (in + out) <= coll::shm::kCmaMaxNodeBytes;
@@ -231,8 +235,8 @@ TEST(Direct, OneHeapRankSendsEveryoneStaged) {
       << rank_tag() << ": rank 0's buffers are heap: only cross-memory attach may go direct";
 }
 
-// Heap buffers on every rank: the all-reduce, all-gather and all-to-all go
-// through cross-memory attach where it applies (sizes around its bounds,
+// Heap buffers on every rank: the all-reduce, all-gather, all-to-all,
+// reduce-scatter and broadcast go through cross-memory attach where it applies (sizes around its bounds,
 // odd counts, several dtypes and ops, in and out of place), everything else
 // staged; every call bitwise against the reference. With CCLZ_SHM_CMA=0 on
 // the node's first rank (mpi-cma-first-0), nothing goes direct.
@@ -280,7 +284,11 @@ TEST(Cma, ShortPeerBufferIsAClearError) {
     GTEST_SKIP() << "needs several ranks sharing one window with cross-memory attach on";
   }
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  const std::size_t block = 64 * page, count = block / sizeof(float), total = block * static_cast<std::size_t>(n);
+  // At least 64 pages a block, and an all-gather large enough to go through
+  // cross-memory attach (cma_min_bytes: higher with more ranks than cores).
+  const std::uint64_t floor = coll::shm::cma_min_bytes(CollKind::all_gather, c->impl()->shm_oversubscribed());
+  const std::size_t pages = std::max<std::size_t>(64, (floor / static_cast<std::uint64_t>(n) + page - 1) / page);
+  const std::size_t block = pages * page, count = block / sizeof(float), total = block * static_cast<std::size_t>(n);
   // The whole output, and one page more that the last rank takes away.
   void* mem = mmap(nullptr, total + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(mem, MAP_FAILED);
