@@ -18,9 +18,10 @@
 //     second chunk's hand-off tells every rank whether all mappings worked.
 //   - Where some rank's buffers cannot be mapped (heap memory), the
 //     all-reduce, all-gather, all-to-all, reduce-scatter and broadcast may
-//     go through cross-memory attach instead (process_vm_readv/writev on the peers' own addresses):
-//     each rank offers it for calls of cma_min_bytes() and more, out of place
-//     while cma_out_of_place(); if every rank offers it, a first call reads
+//     go through cross-memory attach instead (process_vm_readv/writev on
+//     the peers' own addresses): each rank offers it for calls of
+//     cma_min_bytes() and more while cma_out_of_place() (the all-reduce in
+//     place at any size); if every rank offers it, a first call reads
 //     a byte of each peer's buffer and the ranks confirm in one hand-off
 //     (a kernel that refuses ends this rank's offers for good).
 // The collective then runs on the peers' buffers and ends with fence(): a
