@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -311,6 +312,43 @@ TEST(Cma, ShortPeerBufferIsAClearError) {
         << st.message();
   }
   munmap(out, rank == last ? total - page : total + page);
+}
+
+// The root's broadcast buffer ends, in its process, a page before the
+// count says: the other ranks' cross-memory reads of it fail, and they must
+// say so (invalid_usage naming the root) instead of crashing or hanging,
+// while the root, whose in-place call reads nothing, completes. The
+// communicator is not used afterwards.
+TEST(Cma, ShortRootBufferIsAClearError) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int rank = c->rank(), root = 0;
+  if (!direct_expected(*c) || !c->impl()->shm_cma()) {
+    GTEST_SKIP() << "needs several ranks sharing one window with cross-memory attach on";
+  }
+  const std::uint64_t floor = coll::shm::cma_min_bytes(CollKind::broadcast, c->impl()->shm_oversubscribed());
+  if (floor == coll::shm::kCmaNever) {
+    GTEST_SKIP() << "with more ranks than cores a broadcast never goes through cross-memory attach";
+  }
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t bytes = std::max<std::size_t>(64, (floor + page - 1) / page) * page;
+  void* mem = mmap(nullptr, bytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* buf = static_cast<std::byte*>(mem);
+  std::memset(buf, rank + 1, bytes);
+  if (rank == root) {
+    ASSERT_EQ(munmap(buf + bytes - page, 2 * page), 0);
+  }
+  const Status st = c->broadcast(buf, buf, bytes / sizeof(float), DataType::f32, root).wait();
+  if (rank == root) {
+    EXPECT_TRUE(st.ok()) << rank_tag() << ": " << st.to_string();
+  } else {
+    EXPECT_EQ(st.code(), Result::invalid_usage) << rank_tag() << ": " << st.to_string();
+    EXPECT_NE(st.message().find("cross-memory attach could not read rank " + std::to_string(root)),
+              std::string::npos)
+        << st.message();
+  }
+  munmap(buf, rank == root ? bytes - page : bytes + page);
 }
 
 // Below the threshold, in the probing band, calls ask their peers only
