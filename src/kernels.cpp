@@ -24,7 +24,7 @@
 // at 4-256 KiB, no slower from memory. Where the CPU has AVX512-FP16, the
 // avx512fp16 variant reduces two f16 inputs in native half arithmetic
 // (bitwise the widened result; see reduce_f16_native): as fast as f32 from
-// 4 KiB to 64 MiB, where the conversions ran at 0.45-0.85 of it. Element
+// 4 KiB to 64 MiB, where the conversions ran at 0.4-0.85 of it. Element
 // pointers use aligned(1) types: any byte offset is valid.
 // The kernels rely on GCC's loop vectoriser. At -O3 (the release buildtype)
 // it runs with the dynamic cost model; at -O2 GCC 12 uses the "very cheap"
@@ -668,9 +668,8 @@ CCLZ_TARGET_V4 void reduce_bf16_512(void* dst, void* copy, const void* a, const 
   if (i < n) reduce_bf16_step<Op, kCopy>(d + i, c + i, pa + i, pb + i, mask32(n - i));
 }
 
-
-// f16 in native half arithmetic (AVX512-FP16; the avx512fp16 variant): 32
-// lanes per instruction and no conversion. For two operands this is bitwise
+// f16 in native half arithmetic (AVX512-FP16; the avx512fp16 variant): one
+// instruction per 16 lanes and no conversion. For two operands this is bitwise
 // the widened result. A product of two halves is exact in f32, so rounding
 // it to f16 is the one rounding vmulph does. A sum is correctly rounded to
 // f32 and then to f16, and with 24 >= 2 * 11 + 2 bits that double rounding
