@@ -174,6 +174,26 @@ Status peer_write(const Group& g, const PeerBuffers& pb, int r, std::byte* to, c
   return err == 0 ? Status{} : cma_error(g, r, true, remote, n, err);
 }
 
+Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::size_t bytes, std::size_t stride,
+                    std::vector<std::byte>& scratch, std::vector<const void*>& srcs) {
+  const int n = g.size(), me = g.rank();
+  const std::size_t want = stride * static_cast<std::size_t>(n - 1);
+  if (scratch.size() < want) scratch.resize(want);
+  srcs.resize(static_cast<std::size_t>(n));
+  std::byte* buf = scratch.data();
+  for (int q = 0; q < n; ++q) {
+    const std::byte* from = pb.send[static_cast<std::size_t>(q)] + at;
+    if (q == me) {
+      srcs[static_cast<std::size_t>(q)] = from;
+      continue;
+    }
+    if (Status st = peer_read(g, pb, q, buf, from, bytes); !st.ok()) return st;
+    srcs[static_cast<std::size_t>(q)] = buf;
+    buf += stride;
+  }
+  return {};
+}
+
 Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void* send, std::size_t send_bytes,
                     const void* recv, std::size_t recv_bytes, bool cma_ok, bool* direct, PeerBuffers* out) {
   detail::ShmWindow& w = *g.shm();

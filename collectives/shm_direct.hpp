@@ -66,6 +66,14 @@ struct PeerBuffers {
 Status peer_read(const Group& g, const PeerBuffers& pb, int r, void* to, const std::byte* from, std::size_t n);
 Status peer_write(const Group& g, const PeerBuffers& pb, int r, std::byte* to, const void* from, std::size_t n);
 
+// The sources of a reduction through cross-memory attach (all-reduce,
+// reduce-scatter), in rank order: `bytes` from byte `at` of every rank's
+// send buffer, this rank's own in place and each peer's read into
+// `scratch` (`stride` bytes apart, stride >= bytes; grown as needed).
+// Errors: peer_read's.
+Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::size_t bytes, std::size_t stride,
+                    std::vector<std::byte>& scratch, std::vector<const void*>& srcs);
+
 // From cma_min_bytes() up (the call's largest buffer), calls whose buffers
 // cannot be mapped by every rank (heap memory of processes) go through
 // cross-memory attach, for the collectives that support it: one copy in the

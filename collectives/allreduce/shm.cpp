@@ -90,25 +90,11 @@ Status run_direct_cma(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const std::size_t first = sh.off(me), m = sh.size(me);
   const std::size_t B = std::max(line, shm::kCmaBlockBytes / es / line * line);
   auto& scratch = g.shm()->local_state<ShareScratch>().bytes;
-  const std::size_t want = B * es * static_cast<std::size_t>(n - 1);
-  if (scratch.size() < want) scratch.resize(want);
-  std::vector<const void*> srcs(static_cast<std::size_t>(n));
+  std::vector<const void*> srcs;
   auto* out = static_cast<std::byte*>(a.recvbuf);
-  const auto* in = static_cast<const std::byte*>(a.sendbuf);
   for (std::size_t o = 0; o < m; o += B) {
     const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
-    std::byte* buf = scratch.data();
-    for (int q = 0; q < n; ++q) {
-      if (q == me) {
-        srcs[static_cast<std::size_t>(q)] = in + at;
-        continue;
-      }
-      if (Status st = shm::peer_read(g, pb, q, buf, pb.send[static_cast<std::size_t>(q)] + at, bytes); !st.ok()) {
-        return st;
-      }
-      srcs[static_cast<std::size_t>(q)] = buf;
-      buf += B * es;
-    }
+    if (Status st = shm::read_sources(g, pb, at, bytes, B * es, scratch, srcs); !st.ok()) return st;
     kernels::reduce_many(out + at, srcs, bytes / es, a.dt, a.op);
     for (int q = 0; q < n; ++q) {
       if (q == me) continue;
