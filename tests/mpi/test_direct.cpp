@@ -272,6 +272,14 @@ TEST(Cma, HeapBuffersBitExact) {
   }
 }
 
+// A call whose cross-memory read of rank `from`'s buffer failed: a clear
+// invalid_usage naming that rank.
+void expect_could_not_read(const Status& st, int from) {
+  EXPECT_EQ(st.code(), Result::invalid_usage) << rank_tag() << ": " << st.to_string();
+  EXPECT_NE(st.message().find("cross-memory attach could not read rank " + std::to_string(from)), std::string::npos)
+      << st.message();
+}
+
 // The last rank's in-place all-gather block ends, in its process, a page
 // before the count says: the peers' cross-memory reads of it fail, and
 // they must say so (invalid_usage naming the rank) instead of crashing or
@@ -306,10 +314,7 @@ TEST(Cma, ShortPeerBufferIsAClearError) {
       EXPECT_EQ(out[static_cast<std::size_t>(q) * block], std::byte{static_cast<unsigned char>(q + 1)}) << q;
     }
   } else {
-    EXPECT_EQ(st.code(), Result::invalid_usage) << rank_tag() << ": " << st.to_string();
-    EXPECT_NE(st.message().find("cross-memory attach could not read rank " + std::to_string(last)),
-              std::string::npos)
-        << st.message();
+    expect_could_not_read(st, last);
   }
   munmap(out, rank == last ? total - page : total + page);
 }
@@ -343,10 +348,7 @@ TEST(Cma, ShortRootBufferIsAClearError) {
   if (rank == root) {
     EXPECT_TRUE(st.ok()) << rank_tag() << ": " << st.to_string();
   } else {
-    EXPECT_EQ(st.code(), Result::invalid_usage) << rank_tag() << ": " << st.to_string();
-    EXPECT_NE(st.message().find("cross-memory attach could not read rank " + std::to_string(root)),
-              std::string::npos)
-        << st.message();
+    expect_could_not_read(st, root);
   }
   munmap(buf, rank == root ? bytes - page : bytes + page);
 }
