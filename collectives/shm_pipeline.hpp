@@ -129,6 +129,9 @@ inline std::size_t line_elems(std::size_t es) { return std::max<std::size_t>(1, 
 // may bypass the cache (see shm_pipeline.cpp).
 void copy(void* dst, const void* src, std::size_t n) noexcept;
 void copy_stream(void* dst, const void* src, std::size_t n) noexcept;
+// copy_in copies from a source that is in memory rather than in the cache
+// (a large call's input) to a destination that stays cached (a slot).
+void copy_in(void* dst, const void* src, std::size_t n) noexcept;
 // copy_and_stream copies src both into a slot and to an output (bypassing
 // the cache) in one pass; the slot too bypasses it when `slot_streamed`.
 void copy_and_stream(void* slot, void* out, const void* src, std::size_t n, bool slot_streamed = false) noexcept;
@@ -169,12 +172,13 @@ class SlotStoreCall {
   bool memory() const noexcept { return stores_ == SlotStores::memory; }
   void at_stage(std::size_t c, std::uint64_t slot, int t);
   void to_slot(void* slot, const void* src, std::size_t n) const noexcept {
-    (memory() ? copy_stream : copy)(slot, src, n);
+    (memory() ? copy_stream : stream_ ? copy_in : copy)(slot, src, n);
   }
   Status finish(Status st);
 
  private:
   Group& g_;
+  bool stream_;
   SlotStoreState* state_ = nullptr;  // null: fixed (not streamed, or by the window)
   SlotStores stores_ = SlotStores::cache;
   std::uint32_t band_ = 0;

@@ -1,0 +1,100 @@
+// The node-local path's copies (collectives/shm_pipeline.hpp): every
+// length around the page-interleaved loop's boundaries, every alignment of
+// source and destinations, byte for byte against the source, and nothing
+// written outside the destination ranges.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shm_pipeline.hpp"
+
+namespace cclz {
+namespace {
+
+constexpr std::size_t kGuard = 64;
+constexpr std::byte kUntouched{0xa5};
+
+// The lengths that cross the loops' edges: a line, four pages side by
+// side (16 KiB) and the 32 KiB from which copy_in interleaves them.
+std::vector<std::size_t> lengths() {
+  std::vector<std::size_t> n = {0, 1, 15, 63, 64, 65, 255, 256, 257, 4095, 4096, 4097};
+  for (std::size_t base : {std::size_t{16} << 10, std::size_t{32} << 10, std::size_t{48} << 10,
+                           std::size_t{200} << 10}) {
+    for (std::size_t d : {std::size_t{0}, std::size_t{1}, std::size_t{64}, std::size_t{4096} + 17}) {
+      n.push_back(base - d);
+      n.push_back(base + d);
+    }
+  }
+  return n;
+}
+
+// A destination with guard bytes on both sides, at `offset` from a 64-byte
+// boundary.
+struct Dest {
+  std::vector<std::byte> buf;
+  std::size_t offset;
+  Dest(std::size_t n, std::size_t off) : buf(n + 2 * kGuard + 64, kUntouched), offset(off) {}
+  std::byte* data() {
+    const auto p = reinterpret_cast<std::uintptr_t>(buf.data()) + kGuard;
+    return buf.data() + ((64 - p % 64) % 64 + kGuard + offset);
+  }
+  // Empty when the n bytes at data() equal src and everything else is untouched.
+  std::string check(const std::byte* src, std::size_t n) {
+    const std::byte* d = data();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (d[i] != src[i]) return "byte " + std::to_string(i) + " differs";
+    }
+    for (const std::byte* p = buf.data(); p < buf.data() + buf.size(); ++p) {
+      if ((p < d || p >= d + n) && *p != kUntouched) {
+        return "byte at " + std::to_string(p - d) + " outside the destination written";
+      }
+    }
+    return {};
+  }
+};
+
+std::vector<std::byte> pattern(std::size_t n) {
+  std::vector<std::byte> v(n);
+  std::uint32_t x = 12345;
+  for (auto& b : v) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  return v;
+}
+
+TEST(ShmCopies, EveryLengthAndAlignment) {
+  const std::size_t longest = (std::size_t{200} << 10) + 4096 + 17;
+  const std::vector<std::byte> source = pattern(longest + 64);
+  for (std::size_t n : lengths()) {
+    for (std::size_t src_off : {0, 1, 16, 33}) {
+      for (std::size_t dst_off : {0, 5, 16, 48}) {
+        const std::byte* src = source.data() + src_off;
+        const std::string at = "n " + std::to_string(n) + ", src +" + std::to_string(src_off) + ", dst +" +
+                               std::to_string(dst_off);
+        Dest in(n, dst_off), stream(n, dst_off);
+        coll::shm::copy_in(in.data(), src, n);
+        EXPECT_EQ(in.check(src, n), "") << "copy_in, " << at;
+        coll::shm::copy_stream(stream.data(), src, n);
+        EXPECT_EQ(stream.check(src, n), "") << "copy_stream, " << at;
+        // The slot aligned like the output (one pass) and not (two).
+        for (std::size_t slot_off : {dst_off, dst_off + 8}) {
+          for (bool slot_streamed : {false, true}) {
+            Dest slot(n, slot_off), out(n, dst_off);
+            coll::shm::copy_and_stream(slot.data(), out.data(), src, n, slot_streamed);
+            const std::string which = std::string(slot_streamed ? "streamed" : "cached") + " slot +" +
+                                      std::to_string(slot_off) + ", " + at;
+            EXPECT_EQ(slot.check(src, n), "") << "copy_and_stream slot, " << which;
+            EXPECT_EQ(out.check(src, n), "") << "copy_and_stream output, " << which;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cclz
