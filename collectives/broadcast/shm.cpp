@@ -57,7 +57,7 @@ Status run(Group& g, const CollArgs& a) {
       if (in != out && stream) {
         shm::copy_and_stream(w.slot(root, slot), out + first * es, in + first * es, m * es);
       } else {
-        shm::copy(w.slot(root, slot), in + first * es, m * es);
+        (stream ? shm::copy_in : shm::copy)(w.slot(root, slot), in + first * es, m * es);
       }
     } else if (t == 1 && me != root) {
       out_copy(out + first * es, w.slot(root, slot), m * es);
