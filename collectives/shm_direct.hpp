@@ -78,9 +78,12 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 // cannot be mapped by every rank (heap memory of processes) go through
 // cross-memory attach, for the collectives that support it: one copy in the
 // kernel per byte that crosses, against two through a slot. Below it the
-// staged path is faster (docs/performance.md, "The Intel host and
-// cross-memory attach").
-constexpr std::uint64_t kCmaMinBytes = std::uint64_t{256} << 10;
+// staged path is as fast or faster: with a rank per core, interleaved
+// against it at 32-256 KiB in steps of 32 (docs/performance.md, "Cross-
+// memory attach from 32-128 KiB"), the all-reduce was faster from 32 KiB,
+// the all-to-all from 64 KiB, the all-gather, reduce-scatter and broadcast
+// from 96-128 KiB (the reduce-scatter and broadcast in place slower at 64
+// KiB).
 // Where the node's ranks outnumber its cores, each of a direct call's three
 // hand-offs may wait for the scheduler, and the staged path stays faster up
 // to larger calls (4 ranks on 2 cores, interleaved against it: all-to-all
@@ -89,7 +92,13 @@ constexpr std::uint64_t kCmaMinBytes = std::uint64_t{256} << 10;
 // MiB and won nowhere, so it never does).
 constexpr std::uint64_t kCmaNever = ~std::uint64_t{0};
 constexpr std::uint64_t cma_min_bytes(CollKind kind, bool oversubscribed) noexcept {
-  if (!oversubscribed) return kCmaMinBytes;
+  if (!oversubscribed) {
+    switch (kind) {
+      case CollKind::all_reduce: return std::uint64_t{32} << 10;
+      case CollKind::all_to_all: return std::uint64_t{64} << 10;
+      default: return std::uint64_t{128} << 10;
+    }
+  }
   switch (kind) {
     case CollKind::all_to_all: return std::uint64_t{512} << 10;
     case CollKind::all_gather: return std::uint64_t{2} << 20;

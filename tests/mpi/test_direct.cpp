@@ -358,17 +358,22 @@ TEST(Cma, ShortRootBufferIsAClearError) {
 // once and then once every kRetryAfter calls; after a direct call,
 // mem_alloc buffers go direct every time; one heap rank sends everyone
 // staged, and the next calls stop asking. Every call is checked bitwise.
+// A reduce-scatter of 96 KiB: in the band (from 64 KiB) and below where heap
+// buffers go through cross-memory attach instead (128 KiB and up).
 TEST(DirectProbe, BelowThresholdAsksWhileTaken) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
   const int n = c->size();
   const std::uint64_t threshold = c->impl()->direct_min_bytes();
-  constexpr std::size_t kBandBytes = 48u << 10;
+  constexpr CollKind kKind = CollKind::reduce_scatter;
+  constexpr std::size_t kBandBytes = 96u << 10;
+  static_assert(kBandBytes >= coll::shm::direct_probe_min_bytes(kKind) &&
+                kBandBytes < coll::shm::cma_min_bytes(kKind, false));
   const bool band = direct_expected(*c) && threshold != detail::ShmWindow::kDirectOff && threshold > kBandBytes;
-  const CollCase small{CollKind::all_reduce, DataType::f32, ReduceOp::sum,
-                       testing::count_for_bytes(CollKind::all_reduce, kBandBytes, DataType::f32, n) | 1, 0, n};
-  const CollCase large{CollKind::all_reduce, DataType::f32, ReduceOp::sum,
-                       testing::count_for_bytes(CollKind::all_reduce, 2u << 20, DataType::f32, n) | 1, 0, n};
+  const CollCase small{kKind, DataType::f32, ReduceOp::sum,
+                       testing::count_for_bytes(kKind, kBandBytes, DataType::f32, n) | 1, 0, n};
+  const CollCase large{kKind, DataType::f32, ReduceOp::sum,
+                       testing::count_for_bytes(kKind, 2u << 20, DataType::f32, n) | 1, 0, n};
   std::vector<std::uint64_t> hashes;
   bool eligible = false;
   auto tries = [&] { return c->impl()->direct_tries(); };
