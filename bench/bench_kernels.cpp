@@ -2,7 +2,8 @@
 // dtype and op at 4 KiB, 256 KiB (in cache) and 64 MiB (memory) per buffer,
 // next to memcpy of the same buffer size as the copy-bandwidth reference, plus
 // the per-ISA variants, the fused reduce_many against a chain of reduce()
-// calls, and the bulk f16/bf16 conversions.
+// calls, the bulk f16/bf16 conversions, and the node-local path's large
+// copies (copy_stream, copy_in).
 //
 // Bytes processed (so "bytes_per_second" is a bandwidth) count every stream
 // that touches memory: reduce = 3 x buffer (read a, read b, write dst),
@@ -14,6 +15,7 @@
 // filter with --benchmark_filter, e.g. 'reduce/(f32|f16|bf16|i32)/sum|memcpy'.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -147,6 +149,33 @@ void bm_memcpy(benchmark::State& st, std::size_t bytes) {
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * static_cast<std::int64_t>(bytes));
 }
 
+// Large copies as the node-local pipelines make them (shm_pipeline.hpp),
+// four pages side by side: memory to memory with streaming stores
+// (copy_stream, beside memcpy above), and a source in memory into a 512 KiB
+// slot that stays in the cache, a slot's worth at a time (copy_in, beside
+// memcpy doing the same).
+enum class Copy { stream, in, memcpy_in };
+void bm_copy(benchmark::State& st, Copy kind, std::size_t bytes) {
+  constexpr std::size_t kSlot = std::size_t{512} << 10;
+  Arena arena(2, bytes);
+  unsigned char* src = arena.stream(0);
+  unsigned char* dst = arena.stream(1);
+  std::memset(src, 1, bytes);
+  std::memset(dst, 0, bytes);
+  for (auto _ : st) {
+    if (kind == Copy::stream) {
+      cclz::coll::shm::copy_stream(dst, src, bytes);
+    } else {
+      for (std::size_t o = 0; o < bytes; o += kSlot) {
+        (kind == Copy::in ? cclz::coll::shm::copy_in : cclz::coll::shm::copy)(dst, src + o, std::min(kSlot, bytes - o));
+      }
+    }
+    benchmark::DoNotOptimize(dst);
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * static_cast<std::int64_t>(bytes));
+}
+
 // k inputs into one output: fused single pass vs the chain of reduce() calls
 // an algorithm would otherwise make.
 void bm_many(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes, bool fused) {
@@ -257,6 +286,11 @@ void register_all() {
   for (std::size_t bytes : kSizes) {
     const std::string sz = size_name(bytes);
     benchmark::RegisterBenchmark(("memcpy/" + sz).c_str(), bm_memcpy, bytes);
+    benchmark::RegisterBenchmark(("copy_stream/" + sz).c_str(), bm_copy, Copy::stream, bytes);
+    if (bytes > (std::size_t{512} << 10)) {
+      benchmark::RegisterBenchmark(("copy_in/" + sz).c_str(), bm_copy, Copy::in, bytes);
+      benchmark::RegisterBenchmark(("memcpy_in/" + sz).c_str(), bm_copy, Copy::memcpy_in, bytes);
+    }
     for (DataType dt : cclz::kAllDataTypes) {
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
         const std::string name =
