@@ -135,26 +135,12 @@ void bm_reduce_inplace(benchmark::State& st, DataType dt, std::size_t bytes) {
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 3 * static_cast<std::int64_t>(bytes));
 }
 
-void bm_memcpy(benchmark::State& st, std::size_t bytes) {
-  Arena arena(2, bytes);
-  unsigned char* src = arena.stream(0);
-  unsigned char* dst = arena.stream(1);
-  std::memset(src, 1, bytes);
-  std::memset(dst, 0, bytes);
-  for (auto _ : st) {
-    std::memcpy(dst, src, bytes);
-    benchmark::DoNotOptimize(dst);
-    benchmark::ClobberMemory();
-  }
-  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * static_cast<std::int64_t>(bytes));
-}
-
-// Large copies as the node-local pipelines make them (shm_pipeline.hpp),
-// four pages side by side: memory to memory with streaming stores
-// (copy_stream, beside memcpy above), and a source in memory into a 512 KiB
-// slot that stays in the cache, a slot's worth at a time (copy_in, beside
-// memcpy doing the same).
-enum class Copy { stream, in, memcpy_in };
+// memcpy of the whole buffer, and the large copies as the node-local
+// pipelines make them (shm_pipeline.hpp), four pages side by side: memory
+// to memory with streaming stores (copy_stream), and a source in memory
+// into a 512 KiB slot that stays in the cache, a slot's worth at a time
+// (copy_in, beside memcpy doing the same).
+enum class Copy { memcpy, stream, in, memcpy_in };
 void bm_copy(benchmark::State& st, Copy kind, std::size_t bytes) {
   constexpr std::size_t kSlot = std::size_t{512} << 10;
   Arena arena(2, bytes);
@@ -163,7 +149,9 @@ void bm_copy(benchmark::State& st, Copy kind, std::size_t bytes) {
   std::memset(src, 1, bytes);
   std::memset(dst, 0, bytes);
   for (auto _ : st) {
-    if (kind == Copy::stream) {
+    if (kind == Copy::memcpy) {
+      std::memcpy(dst, src, bytes);
+    } else if (kind == Copy::stream) {
       cclz::coll::shm::copy_stream(dst, src, bytes);
     } else {
       for (std::size_t o = 0; o < bytes; o += kSlot) {
@@ -285,7 +273,7 @@ void register_all() {
   const kernels::Variant* best = &kernels::best_variant();
   for (std::size_t bytes : kSizes) {
     const std::string sz = size_name(bytes);
-    benchmark::RegisterBenchmark(("memcpy/" + sz).c_str(), bm_memcpy, bytes);
+    benchmark::RegisterBenchmark(("memcpy/" + sz).c_str(), bm_copy, Copy::memcpy, bytes);
     benchmark::RegisterBenchmark(("copy_stream/" + sz).c_str(), bm_copy, Copy::stream, bytes);
     if (bytes > (std::size_t{512} << 10)) {
       benchmark::RegisterBenchmark(("copy_in/" + sz).c_str(), bm_copy, Copy::in, bytes);

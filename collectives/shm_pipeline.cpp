@@ -26,9 +26,10 @@ namespace {
 // Large copies on the hosts measured here are bound by how many lines one
 // core has in flight, not by the memory: a copy that walks kStreams pages
 // side by side, a line from each in turn, keeps the prefetchers of several
-// pages busy at once. One core copying 256 MB (SSE, docs/performance.md,
-// "Copies four pages at a time"): with streaming stores 8.8 -> 11.8 GB/s;
-// into a 256 KiB slot in the cache 9.7 -> 14.4; glibc's memcpy 11.7.
+// pages busy at once. One core copying 256 MB with SSE loops
+// (docs/performance.md, "Copies four pages at a time"): with streaming
+// stores 8.8 -> 11.8 GB/s (glibc's memcpy 10.2-11.7); into a 256 KiB slot
+// in the cache 9.7 -> 14.4, about what glibc's `rep movsb` does there.
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kStreams = 4;
 constexpr std::size_t kInterleaved = kStreams * kPage;
