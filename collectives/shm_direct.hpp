@@ -17,7 +17,7 @@
 //     buffers (cache hits after the first call) and, between processes, a
 //     second chunk's hand-off tells every rank whether all mappings worked.
 //   - Where some rank's buffers cannot be mapped (heap memory), the
-//     all-reduce, all-gather, all-to-all, reduce-scatter and broadcast may
+//     all-reduce, all-gather, all-to-all, reduce-scatter, broadcast and reduce may
 //     go through cross-memory attach instead (process_vm_readv/writev on
 //     the peers' own addresses): each rank offers it for calls of
 //     cma_min_bytes() and more while cma_out_of_place() (the all-reduce in
@@ -83,7 +83,8 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 // memory attach from 32-128 KiB"), the all-reduce was faster from 32 KiB,
 // the all-to-all from 64 KiB, the all-gather, reduce-scatter and broadcast
 // from 96-128 KiB (the reduce-scatter and broadcast in place slower at 64
-// KiB).
+// KiB); the reduce, whose share owners write to the root, from 64 KiB
+// (its floor to ask; 4 ranks on 2 cores: from 1-2 MiB).
 // Where the node's ranks outnumber its cores, each of a direct call's three
 // hand-offs may wait for the scheduler, and the staged path stays faster up
 // to larger calls (4 ranks on 2 cores, interleaved against it: all-to-all
@@ -95,7 +96,8 @@ constexpr std::uint64_t cma_min_bytes(CollKind kind, bool oversubscribed) noexce
   if (!oversubscribed) {
     switch (kind) {
       case CollKind::all_reduce: return std::uint64_t{32} << 10;
-      case CollKind::all_to_all: return std::uint64_t{64} << 10;
+      case CollKind::all_to_all:
+      case CollKind::reduce: return std::uint64_t{64} << 10;
       default: return std::uint64_t{128} << 10;
     }
   }

@@ -10,7 +10,12 @@
 //
 // Direct path (shm_direct.hpp): each rank reduces its share straight from
 // the n inputs into the root's output (the same shares and rank order, so
-// the same bits), one pass with no staging copies and no gather.
+// the same bits), one pass with no staging copies and no gather. Heap
+// buffers of processes do the same through cross-memory attach: each rank
+// reads its share of every peer's input a block at a time and reduces it;
+// the root into its output, the others into a buffer written on into the
+// root's output (process_vm_writev), while the node's buffers fit
+// shm::cma_out_of_place.
 #include "allreduce/common.hpp"
 #include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
@@ -33,13 +38,51 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   kernels::reduce_many(pb.recv[static_cast<std::size_t>(a.root)] + off * es, srcs, m, a.dt, a.op);
 }
 
+// Where run_direct_cma reads the peers' parts of a block and a non-root
+// rank keeps its result before writing it to the root.
+struct CmaScratch {
+  std::vector<std::byte> sources, result;
+};
+
+// run_direct through cross-memory attach: the same shares, order and
+// kernel, so the same bits. Only rank r reads or writes share r of any
+// buffer, so the root in place is safe.
+Status run_direct_cma(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
+  const int n = g.size(), me = g.rank(), root = a.root;
+  const std::size_t es = a.elem_size(), line = shm::line_elems(es);
+  const shm::Shares sh{a.count, line, n};
+  const std::size_t first = sh.off(me), m = sh.size(me);
+  const std::size_t B = std::max(line, shm::kCmaBlockBytes / es / line * line);
+  auto& scratch = g.shm()->local_state<CmaScratch>();
+  if (me != root && scratch.result.size() < B * es) scratch.result.resize(B * es);
+  std::vector<const void*> srcs;
+  for (std::size_t o = 0; o < m; o += B) {
+    const std::size_t at = (first + o) * es, len = std::min(B, m - o) * es;
+    if (Status st = shm::read_sources(g, pb, at, len, B * es, scratch.sources, srcs); !st.ok()) return st;
+    if (me == root) {
+      kernels::reduce_many(static_cast<std::byte*>(a.recvbuf) + at, srcs, len / es, a.dt, a.op);
+      continue;
+    }
+    kernels::reduce_many(scratch.result.data(), srcs, len / es, a.dt, a.op);
+    const auto r = static_cast<std::size_t>(root);
+    if (Status st = shm::peer_write(g, pb, root, pb.recv[r] + at, scratch.result.data(), len); !st.ok()) return st;
+  }
+  return {};
+}
+
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
   const int n = g.size(), me = g.rank(), root = a.root;
   const std::size_t es = a.elem_size(), bytes = a.count * es;
   bool ran = false;
-  Status direct = shm::run_if_direct(g, a, bytes, bytes, me == root ? bytes : 0, &ran,
-                                     [&](const auto&, const auto& pb) { run_direct(g, a, pb); });
+  Status direct = shm::run_if_direct(
+      g, a, bytes, bytes, me == root ? bytes : 0, &ran,
+      [&](const auto&, const auto& pb) {
+        if (pb.cma) return run_direct_cma(g, a, pb);
+        run_direct(g, a, pb);
+        return Status{};
+      },
+      true, shm::cma_out_of_place(g, bytes, bytes));
   if (!direct.ok() || ran) return direct;
   detail::ShmWindow& w = *g.shm();
   const auto* src = static_cast<const std::byte*>(a.sendbuf);

@@ -60,7 +60,7 @@ std::uint64_t direct_floor(Comm& c, CollKind kind) {
 
 // Whether a call of heap buffers goes direct through cross-memory attach
 // where the window allows it (shm_direct.hpp): the all-reduce, all-gather,
-// all-to-all, reduce-scatter and broadcast from cma_min_bytes(), while the
+// all-to-all, reduce-scatter, broadcast and reduce from cma_min_bytes(), while the
 // node's buffers fit kCmaMaxNodeBytes, and the all-reduce in place at any
 // size.
 bool cma_eligible(Comm& c, const CollCase& cc, bool in_place) {
@@ -71,7 +71,8 @@ bool cma_eligible(Comm& c, const CollCase& cc, bool in_place) {
     case CollKind::all_gather: in = cc.count * es, out = in * n; break;
     case CollKind::all_to_all: in = out = cc.count * es * n; break;
     case CollKind::reduce_scatter: out = cc.count * es, in = out * n; break;
-    case CollKind::broadcast: in = out = cc.count * es; break;
+    case CollKind::broadcast:
+    case CollKind::reduce: in = out = cc.count * es; break;
     default: return false;
   }
   const std::uint64_t floor = coll::shm::cma_min_bytes(cc.kind, c.impl()->shm_oversubscribed());
@@ -237,7 +238,7 @@ TEST(Direct, OneHeapRankSendsEveryoneStaged) {
 }
 
 // Heap buffers on every rank: the all-reduce, all-gather, all-to-all,
-// reduce-scatter and broadcast go through cross-memory attach where it applies (sizes around its bounds,
+// reduce-scatter, broadcast and reduce go through cross-memory attach where it applies (sizes around its bounds,
 // odd counts, several dtypes and ops, in and out of place), everything else
 // staged; every call bitwise against the reference. With CCLZ_SHM_CMA=0 on
 // the node's first rank (mpi-cma-first-0), nothing goes direct.
