@@ -34,6 +34,12 @@ struct Rule {
 };
 
 constexpr Rule kRules[] = {
+    // A broadcast of up to 8 KiB: a binomial tree of the transport's eager
+    // messages beat the window's two stages on one node too (2 bound ranks:
+    // 0.47-0.77 against 0.45-1.20 us at 256 B-4 KiB; 3 and 4 ranks on 2
+    // cores 1.5-4.9 against 8-16 us). From 16 KiB the transport goes
+    // rendezvous and the window wins (2.1-2.3 against 6.2-6.6 us).
+    {CollKind::broadcast, "binomial", 0, 8 * KiB, 2, false},
     // One node: the shared-memory window beats any message schedule (no
     // transport copies; reductions read the peers' data in the shared
     // cache). Its algorithms support() only groups that are exactly the
