@@ -67,13 +67,12 @@ const CacheSizes& host_cache_sizes();
 class ShmWindow {
  public:
   static constexpr int kStages = 4;
-  // Waiting, when the ranks fit on the cores: spin kSpinUs, then yield for
-  // kYieldUs; with more ranks than cores: yield kYields times. Then sleep in
-  // naps of at most kNapMs (between naps: checks for aborted or exited
+  // Waiting: spin kSpinUs when the ranks fit on the cores, then yield for
+  // kYieldUs (as long as the transport's default CCLZ_YIELD_US), then sleep
+  // in naps of at most kNapMs (between naps: checks for aborted or exited
   // peers, the deadline, and the transport's progress).
   static constexpr int kSpinUs = 50;
-  static constexpr int kYieldUs = 1000;
-  static constexpr int kYields = 3;
+  static constexpr int kYieldUs = 2000;
   static constexpr int kNapMs = 2;
 
   struct Geometry {
