@@ -31,15 +31,18 @@ struct Rule {
   std::size_t max_bytes;
   int min_ranks;          // and the group has at least this many ranks
   bool multi_node;        // and (if set) >1 node, uniform, >1 rank per node
+  bool cores_to_spare = false;  // and (if set) no node-local window whose
+                                // ranks outnumber the host's cores
 };
 
 constexpr Rule kRules[] = {
     // A broadcast of up to 8 KiB: a binomial tree of the transport's eager
     // messages beat the window's two stages on one node too (2 bound ranks:
-    // 0.47-0.77 against 0.45-1.20 us at 256 B-4 KiB; 3 and 4 ranks on 2
-    // cores 1.5-4.9 against 8-16 us). From 16 KiB the transport goes
-    // rendezvous and the window wins (2.1-2.3 against 6.2-6.6 us).
-    {CollKind::broadcast, "binomial", 0, 8 * KiB, 2, false},
+    // 0.47-0.77 against 0.45-1.20 us at 256 B-4 KiB). From 16 KiB the
+    // transport goes rendezvous and the window wins (2.1-2.3 against
+    // 6.2-6.6 us). With more ranks than cores the window wins throughout
+    // (3-8 ranks on 2 cores, 4-8 KiB: 2.7-15 against 4.4-19 us).
+    {CollKind::broadcast, "binomial", 0, 8 * KiB, 2, false, true},
     // One node: the shared-memory window beats any message schedule (no
     // transport copies; reductions read the peers' data in the shared
     // cache). Its algorithms support() only groups that are exactly the
@@ -106,9 +109,10 @@ const AlgorithmDesc* tune(const Group& g, const CollArgs& a) noexcept {
   const std::size_t bytes = cost_bytes(g, a);
   const bool several_nodes =
       g.num_nodes() > 1 && g.nodes_uniform() && g.size() / g.num_nodes() > 1;
+  const bool crowded = g.shm() != nullptr && g.shm()->oversubscribed();
   for (const Rule& r : kRules) {
     if (r.kind != a.kind || bytes < r.min_bytes || bytes > r.max_bytes || g.size() < r.min_ranks) continue;
-    if (r.multi_node && !several_nodes) continue;
+    if ((r.multi_node && !several_nodes) || (r.cores_to_spare && crowded)) continue;
     const AlgorithmDesc* d = find_algorithm(a.kind, r.algorithm);
     if (usable(d, g, a)) return d;
   }

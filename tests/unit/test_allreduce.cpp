@@ -933,5 +933,39 @@ TEST(AllReduceTuner, AllReduceChoicesFollowSizeAndTopology) {
   EXPECT_NE(pick({0, 1, 2, 3}, 64 << 20), "hierarchical");  // one rank per node: nothing to save
 }
 
+// Small broadcasts on one node take the transport's binomial tree while the
+// ranks fit on the cores and the window when they outnumber them (where
+// the window's waits hand the core over instead of sleeping).
+TEST(AllReduceTuner, SmallBroadcastTreeOnlyWhenRanksFitTheCores) {
+  auto fabric = std::make_shared<testing::ThreadFabric>(4);
+  testing::ThreadTransport t(fabric, 0);
+  ScratchPool pool;
+  for (int n : {2, 3, 4}) {
+    std::shared_ptr<detail::ShmSegment> seg;
+    const detail::ShmWindow::Geometry geo{n, 4096, 3, 0, detail::ShmWindow::kDirectOff, 0, 0, 0};
+    ASSERT_TRUE(detail::ShmWindow::create_anonymous(geo, &seg).ok());
+    std::vector<int> members(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) members[static_cast<std::size_t>(i)] = i;
+    for (const bool crowded : {false, true}) {
+      detail::ShmWindow w(seg, members, 0, crowded);
+      Group g = make_group(t, flat_nodes(n), 1, pool);
+      g.attach_shm(&w);
+      ASSERT_EQ(g.shm(), &w);
+      auto pick = [&](std::size_t bytes) {
+        CollArgs a;
+        a.kind = CollKind::broadcast;
+        a.count = bytes / 4;
+        a.dt = DataType::f32;
+        return std::string(coll::tune(g, a)->name);
+      };
+      const std::string tiny = crowded ? "shm" : "binomial";
+      EXPECT_EQ(pick(4), tiny) << n << (crowded ? " crowded" : "");
+      EXPECT_EQ(pick(8 << 10), tiny) << n << (crowded ? " crowded" : "");
+      EXPECT_EQ(pick(16 << 10), "shm") << n << (crowded ? " crowded" : "");
+      EXPECT_EQ(pick(64 << 20), "shm") << n << (crowded ? " crowded" : "");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cclz
