@@ -3,6 +3,7 @@
 #include <chrono>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <emmintrin.h>
 #include <x86intrin.h>
 #endif
@@ -75,7 +76,33 @@ std::size_t lines(std::byte* slot, std::byte* out, const std::byte* src, std::si
 
 }  // namespace
 
+#if defined(__x86_64__)
+namespace {
+
+// `rep movsb` where the CPU has fast short strings (FSRM). Copies of 1-2
+// KiB into or out of the slots, whose lines the peer's core holds, ran
+// 20-30% faster with it than with glibc's vector loop, which glibc uses
+// below about 2 KiB (0x840 on the 2-vCPU Xeon; 2 bound ranks: all-gather 4
+// KB 1.42-1.46 -> 1.03-1.08 us, reduce-scatter 4 KB 1.34 -> 1.00,
+// all-reduce 2 KB 1.50-1.76 -> 1.17-1.27). From 8 KiB glibc's own choice.
+constexpr std::size_t kRepMovsbFrom = 1024, kRepMovsbTo = 8192;
+
+bool fast_short_rep_movsb() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 4)) != 0;
+}
+const bool kFsrm = fast_short_rep_movsb();
+
+}  // namespace
+#endif
+
 void copy(void* dst, const void* src, std::size_t n) noexcept {
+#if defined(__x86_64__)
+  if (n >= kRepMovsbFrom && n < kRepMovsbTo && kFsrm) {
+    asm volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
+    return;
+  }
+#endif
   if (n != 0) std::memcpy(dst, src, n);
 }
 

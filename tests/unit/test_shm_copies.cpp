@@ -17,10 +17,12 @@ namespace {
 constexpr std::size_t kGuard = 64;
 constexpr std::byte kUntouched{0xa5};
 
-// The lengths that cross the loops' edges: a line, four pages side by
-// side (16 KiB) and the 32 KiB from which copy_in interleaves them.
+// The lengths that cross the loops' edges: a line, the 1-8 KiB that copy
+// moves with `rep movsb`, four pages side by side (16 KiB) and the 32 KiB
+// from which copy_in interleaves them.
 std::vector<std::size_t> lengths() {
-  std::vector<std::size_t> n = {0, 1, 15, 63, 64, 65, 255, 256, 257, 4095, 4096, 4097};
+  std::vector<std::size_t> n = {0,    1,    15,   63,   64,   65,   255,  256,  257,
+                                1023, 1024, 1025, 4095, 4096, 4097, 8191, 8192, 8193};
   for (std::size_t base : {std::size_t{16} << 10, std::size_t{32} << 10, std::size_t{48} << 10,
                            std::size_t{200} << 10}) {
     for (std::size_t d : {std::size_t{0}, std::size_t{1}, std::size_t{64}, std::size_t{4096} + 17}) {
@@ -75,7 +77,9 @@ TEST(ShmCopies, EveryLengthAndAlignment) {
         const std::byte* src = source.data() + src_off;
         const std::string at = "n " + std::to_string(n) + ", src +" + std::to_string(src_off) + ", dst +" +
                                std::to_string(dst_off);
-        Dest in(n, dst_off), stream(n, dst_off);
+        Dest plain(n, dst_off), in(n, dst_off), stream(n, dst_off);
+        coll::shm::copy(plain.data(), src, n);
+        EXPECT_EQ(plain.check(src, n), "") << "copy, " << at;
         coll::shm::copy_in(in.data(), src, n);
         EXPECT_EQ(in.check(src, n), "") << "copy_in, " << at;
         coll::shm::copy_stream(stream.data(), src, n);
