@@ -43,6 +43,9 @@ constexpr Rule kRules[] = {
     // 6.2-6.6 us). With more ranks than cores the window wins throughout
     // (3-8 ranks on 2 cores, 4-8 KiB: 2.7-15 against 4.4-19 us).
     {CollKind::broadcast, "binomial", 0, 8 * KiB, 2, false, true},
+    // A reduce of up to 8 KiB likewise (2 bound ranks: 0.54-1.00 against
+    // 0.64-1.21 us at 1-8 KiB; 3-8 ranks on 2 cores the window ahead).
+    {CollKind::reduce, "binomial", 0, 8 * KiB, 2, false, true},
     // One node: the shared-memory window beats any message schedule (no
     // transport copies; reductions read the peers' data in the shared
     // cache). Its algorithms support() only groups that are exactly the

@@ -933,10 +933,10 @@ TEST(AllReduceTuner, AllReduceChoicesFollowSizeAndTopology) {
   EXPECT_NE(pick({0, 1, 2, 3}, 64 << 20), "hierarchical");  // one rank per node: nothing to save
 }
 
-// Small broadcasts on one node take the transport's binomial tree while the
-// ranks fit on the cores and the window when they outnumber them (where
-// the window's waits hand the core over instead of sleeping).
-TEST(AllReduceTuner, SmallBroadcastTreeOnlyWhenRanksFitTheCores) {
+// Small broadcasts and reduces on one node take the transport's binomial
+// tree while the ranks fit on the cores and the window when they outnumber
+// them (where the window's waits hand the core over instead of sleeping).
+TEST(AllReduceTuner, SmallTreesOnlyWhenRanksFitTheCores) {
   auto fabric = std::make_shared<testing::ThreadFabric>(4);
   testing::ThreadTransport t(fabric, 0);
   ScratchPool pool;
@@ -951,18 +951,22 @@ TEST(AllReduceTuner, SmallBroadcastTreeOnlyWhenRanksFitTheCores) {
       Group g = make_group(t, flat_nodes(n), 1, pool);
       g.attach_shm(&w);
       ASSERT_EQ(g.shm(), &w);
-      auto pick = [&](std::size_t bytes) {
-        CollArgs a;
-        a.kind = CollKind::broadcast;
-        a.count = bytes / 4;
-        a.dt = DataType::f32;
-        return std::string(coll::tune(g, a)->name);
-      };
-      const std::string tiny = crowded ? "shm" : "binomial";
-      EXPECT_EQ(pick(4), tiny) << n << (crowded ? " crowded" : "");
-      EXPECT_EQ(pick(8 << 10), tiny) << n << (crowded ? " crowded" : "");
-      EXPECT_EQ(pick(16 << 10), "shm") << n << (crowded ? " crowded" : "");
-      EXPECT_EQ(pick(64 << 20), "shm") << n << (crowded ? " crowded" : "");
+      for (const CollKind kind : {CollKind::broadcast, CollKind::reduce}) {
+        auto pick = [&](std::size_t bytes) {
+          CollArgs a;
+          a.kind = kind;
+          a.count = bytes / 4;
+          a.dt = DataType::f32;
+          return std::string(coll::tune(g, a)->name);
+        };
+        const std::string at = std::string(coll::coll_name(kind)) + " n=" + std::to_string(n) +
+                               (crowded ? " crowded" : "");
+        const std::string tiny = crowded ? "shm" : "binomial";
+        EXPECT_EQ(pick(4), tiny) << at;
+        EXPECT_EQ(pick(8 << 10), tiny) << at;
+        EXPECT_EQ(pick(16 << 10), "shm") << at;
+        EXPECT_EQ(pick(64 << 20), "shm") << at;
+      }
     }
   }
 }
