@@ -83,8 +83,9 @@ namespace {
 // KiB into or out of the slots, whose lines the peer's core holds, ran
 // 20-30% faster with it than with glibc's vector loop, which glibc uses
 // below about 2 KiB (0x840 on the 2-vCPU Xeon; 2 bound ranks: all-gather 4
-// KB 1.42-1.46 -> 1.03-1.08 us, reduce-scatter 4 KB 1.34 -> 1.00,
-// all-reduce 2 KB 1.50-1.76 -> 1.17-1.27). From 8 KiB glibc's own choice.
+// KB 1.45-1.52 -> 1.14-1.31 us, reduce-scatter 4 KB 1.41-1.44 ->
+// 1.06-1.08, all-reduce 2 KB 1.47-1.55 -> 1.16-1.24). From 8 KiB glibc's
+// own choice.
 constexpr std::size_t kRepMovsbFrom = 1024, kRepMovsbTo = 8192;
 
 bool fast_short_rep_movsb() noexcept {

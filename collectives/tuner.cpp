@@ -40,8 +40,8 @@ constexpr Rule kRules[] = {
     // messages beat the window's two stages on one node too (2 bound ranks:
     // 0.47-0.77 against 0.45-1.20 us at 256 B-4 KiB). From 16 KiB the
     // transport goes rendezvous and the window wins (2.1-2.3 against
-    // 6.2-6.6 us). With more ranks than cores the window wins throughout
-    // (3-8 ranks on 2 cores, 4-8 KiB: 2.7-15 against 4.4-19 us).
+    // 6.2-6.6 us). With more ranks than cores the window is ahead (3-8
+    // ranks on 2 cores, 1-8 KiB: 1.5-16.7 against 2.1-27.9 us).
     {CollKind::broadcast, "binomial", 0, 8 * KiB, 2, false, true},
     // A reduce of up to 8 KiB likewise (2 bound ranks: 0.54-1.00 against
     // 0.64-1.21 us at 1-8 KiB; 3-8 ranks on 2 cores the window ahead).

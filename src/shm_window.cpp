@@ -459,8 +459,8 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
   // Then yield for kYieldUs, ranks or no ranks to spare: with more ranks
   // than cores the yield hands the core to a peer that shares it, and a
   // futex wake-up costs tens of microseconds on a virtual machine (on the
-  // 2-core host, 3-5 ranks, 1-64 KB all-reduce: 3-30 us yielding for 2 ms
-  // against 24-100 us after three yields).
+  // 2-core host, 3-5 ranks, 1-64 KB all-reduce: 4-34 us yielding for 2 ms
+  // against 23-99 us after three yields).
   const auto yield_end = Clock::now() + std::chrono::microseconds(kYieldUs);
   for (int i = 1; !local_failure(); ++i) {
     sched_yield();
