@@ -72,12 +72,6 @@ std::size_t lines(std::byte* slot, std::byte* out, const std::byte* src, std::si
   for (; i + 64 <= n; i += 64) line<kStream, kToSlot, kSlotStreamed>(slot, out, src, i);
   return i;
 }
-#endif
-
-}  // namespace
-
-#if defined(__x86_64__)
-namespace {
 
 // `rep movsb` where the CPU has fast short strings (FSRM). Copies of 1-2
 // KiB into or out of the slots, whose lines the peer's core holds, ran
@@ -92,14 +86,14 @@ bool fast_short_rep_movsb() noexcept {
   unsigned a = 0, b = 0, c = 0, d = 0;
   return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 4)) != 0;
 }
-const bool kFsrm = fast_short_rep_movsb();
+const bool has_fsrm = fast_short_rep_movsb();  // once, at load
+#endif
 
 }  // namespace
-#endif
 
 void copy(void* dst, const void* src, std::size_t n) noexcept {
 #if defined(__x86_64__)
-  if (n >= kRepMovsbFrom && n < kRepMovsbTo && kFsrm) {
+  if (n >= kRepMovsbFrom && n < kRepMovsbTo && has_fsrm) {
     asm volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
     return;
   }
