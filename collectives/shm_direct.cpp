@@ -195,7 +195,8 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 }
 
 Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void* send, std::size_t send_bytes,
-                    const void* recv, std::size_t recv_bytes, bool cma_ok, bool* direct, PeerBuffers* out) {
+                    const void* recv, std::size_t recv_bytes, bool cma_ok, bool* direct, PeerBuffers* out,
+                    const std::function<void()>& while_waiting) {
   detail::ShmWindow& w = *g.shm();
   constexpr auto K = static_cast<std::uint64_t>(detail::ShmWindow::kStages);
   const int n = g.size(), me = g.rank();
@@ -242,6 +243,8 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
     return {};
   }
   w.publish(K * G + 1);
+  // Heap buffers: every rank offering cross-memory attach is about to wait.
+  if ((mine_bits & kMappable) == 0 && while_waiting) while_waiting();
   if (Status st = w.wait({}, K * G + 1, g.deadline(), idle, "direct-path agreement"); !st.ok()) return st;
   std::vector<Descs> descs(static_cast<std::size_t>(n));
   std::uint64_t all_bits = kMappable | kCma | kCmaProbed;
@@ -335,10 +338,6 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
   *direct = all_reached;
   if (all_reached) w.count_direct();
   return {};
-}
-
-Status fence(Group& g, const detail::ShmWindow::CallSig& sig, const char* name) {
-  return run_pipeline(g, sig, 1, 2, [](std::size_t, std::uint64_t, int) {}, [](int) { return Deps::all(); }, name);
 }
 
 }  // namespace cclz::coll::shm

@@ -82,9 +82,7 @@ Status run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
                                  pb.send[static_cast<std::size_t>(q)], block);
       if (!st.ok()) return st;
     }
-    std::byte* mine = out + static_cast<std::size_t>(me) * block;
-    if (mine != a.sendbuf) out_copy(mine, a.sendbuf, block);
-    return {};
+    return {};  // this rank's own block: own_block() in run()
   }
   // The ranks go through the blocks piece by piece (a slot's worth) at
   // about the same pace, each copying its own block's piece first: the
@@ -106,10 +104,25 @@ Status run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
 Status run(Group& g, const CollArgs& a) {
   if (a.count == 0) return {};
   const std::size_t block = a.count * a.elem_size();
-  bool ran = false;
-  Status direct = shm::run_if_direct(g, a, block * static_cast<std::size_t>(g.size()), block, 0, &ran,
-                                     [&](const auto&, const auto& pb) { return run_direct(g, a, pb); }, true,
-                                     shm::cma_out_of_place(g, block, block * static_cast<std::size_t>(g.size())));
+  bool ran = false, mapped = false;
+  // This rank's own block, a half at a time (run_if_direct's `own`), where
+  // the peers' buffers are not mapped: run_direct copies it there itself,
+  // interleaved with the peers' blocks.
+  auto own_block = [&](int half) {
+    const int n = g.size(), me = g.rank();
+    std::byte* mine = static_cast<std::byte*>(a.recvbuf) + static_cast<std::size_t>(me) * block;
+    if (mapped || mine == a.sendbuf) return;
+    auto out_copy = shm::stream_outputs(g, block, block * static_cast<std::size_t>(n)) ? shm::copy_stream : shm::copy;
+    const shm::OwnHalf h = shm::own_half(block, half);
+    out_copy(mine + h.from, static_cast<const std::byte*>(a.sendbuf) + h.from, h.len);
+  };
+  Status direct = shm::run_if_direct(
+      g, a, block * static_cast<std::size_t>(g.size()), block, 0, &ran,
+      [&](const auto&, const auto& pb) {
+        mapped = !pb.cma;
+        return run_direct(g, a, pb);
+      },
+      true, shm::cma_out_of_place(g, block, block * static_cast<std::size_t>(g.size())), own_block);
   if (!direct.ok() || ran) return direct;
   const allreduce_impl::BlockLayout layout{a.count * static_cast<std::size_t>(g.size()), g.size()};
   return shm::all_gather(g, shm::call_sig(g, a, a.count), a.sendbuf, a.recvbuf, layout, a.elem_size());

@@ -19,23 +19,35 @@
 namespace cclz::coll {
 namespace {
 
+// The peers' blocks; this rank's own block goes across in own_block().
 Status run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t block = a.count * a.elem_size();
   auto* out = static_cast<std::byte*>(a.recvbuf);
   const std::size_t bytes = block * static_cast<std::size_t>(n);
   auto out_copy = shm::stream_outputs(g, bytes, bytes) ? shm::copy_stream : shm::copy;
-  for (int k = 1; k <= n; ++k) {
+  for (int k = 1; k < n; ++k) {
     const int q = (me + k) % n;
     std::byte* to = out + static_cast<std::size_t>(q) * block;
     const std::byte* from = pb.send[static_cast<std::size_t>(q)] + static_cast<std::size_t>(me) * block;
-    if (pb.cma && q != me) {
+    if (pb.cma) {
       if (Status st = shm::peer_read(g, pb, q, to, from, block); !st.ok()) return st;
     } else {
       out_copy(to, from, block);
     }
   }
   return {};
+}
+
+// Half 0 or 1 of this rank's own block, straight across (run_if_direct's
+// `own`).
+void own_block(Group& g, const CollArgs& a, int half) {
+  const std::size_t block = a.count * a.elem_size(), at = static_cast<std::size_t>(g.rank()) * block;
+  const std::size_t bytes = block * static_cast<std::size_t>(g.size());
+  auto out_copy = shm::stream_outputs(g, bytes, bytes) ? shm::copy_stream : shm::copy;
+  const shm::OwnHalf h = shm::own_half(block, half);
+  out_copy(static_cast<std::byte*>(a.recvbuf) + at + h.from, static_cast<const std::byte*>(a.sendbuf) + at + h.from,
+           h.len);
 }
 
 Status run(Group& g, const CollArgs& a) {
@@ -45,7 +57,7 @@ Status run(Group& g, const CollArgs& a) {
     bool ran = false;
     Status direct = shm::run_if_direct(
         g, a, bytes, bytes, 0, &ran, [&](const auto&, const auto& pb) { return run_direct(g, a, pb); }, true,
-        shm::cma_out_of_place(g, bytes, bytes));
+        shm::cma_out_of_place(g, bytes, bytes), [&](int half) { own_block(g, a, half); });
     if (!direct.ok() || ran) return direct;
   }
   detail::ShmWindow& w = *g.shm();
