@@ -249,6 +249,40 @@ void bm_many_streamed(benchmark::State& st, DataType dt, std::size_t k, std::siz
                        static_cast<std::int64_t>(bytes));
 }
 
+// The same with the slot in the cache (a staged all-reduce whose peers read
+// its slot from its cache): the reduced share to a `piece`-sized slot with
+// ordinary stores and to the output with streaming ones, by
+// reduce_many_stream in one pass (dst not streamed) or (two_pass) reduce_many
+// into the slot and shm::copy_stream from there. k reads and two writes
+// counted.
+void bm_slot_streamed(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes, std::size_t piece,
+                      bool two_pass) {
+  Arena arena(k + 1, bytes);
+  std::vector<const void*> ptrs(k);
+  for (std::size_t s = 0; s < k; ++s) fill(arena.stream(s), bytes, dt, static_cast<unsigned>(s + 1));
+  std::vector<unsigned char> slot(piece + 64);
+  unsigned char* sl = slot.data() + (64 - reinterpret_cast<std::uintptr_t>(slot.data()) % 64) % 64;
+  const std::size_t es = cclz::dtype_size(dt);
+  unsigned char* c = arena.stream(k);
+  for (auto _ : st) {
+    for (std::size_t o = 0; o < bytes; o += piece) {
+      const std::size_t n = std::min(piece, bytes - o);
+      for (std::size_t s = 0; s < k; ++s) ptrs[s] = arena.stream(s) + o;
+      if (two_pass) {
+        kernels::reduce_many(sl, ptrs, n / es, dt, ReduceOp::sum);
+        cclz::coll::shm::copy_stream(c + o, sl, n);
+      } else if (!kernels::reduce_many_stream(sl, c + o, ptrs, n / es, dt, ReduceOp::sum, false)) {
+        st.SkipWithError("reduce_many_stream has no kernel on this CPU");
+        return;
+      }
+    }
+    benchmark::DoNotOptimize(sl);
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(k + 2) *
+                       static_cast<std::int64_t>(bytes));
+}
+
 // bytes = size of the f32 side; the 16-bit side is half of it.
 void bm_convert(benchmark::State& st, const kernels::Variant* v, bool bf16, bool to_float, std::size_t bytes) {
   const std::size_t n = bytes / 4;
@@ -332,6 +366,10 @@ void register_all() {
           const std::string name = std::string(two_pass ? "reduce_then_stream/" : "reduce_many_stream/") +
                                    cclz::dtype_name(dt) + "/sum/k" + std::to_string(k) + "/" + size_name(bytes);
           benchmark::RegisterBenchmark(name.c_str(), bm_many_streamed, dt, k, bytes, std::size_t{256} << 10, two_pass);
+          const std::string slot_name = std::string(two_pass ? "reduce_slot_then_stream/" : "reduce_slot_stream/") +
+                                        cclz::dtype_name(dt) + "/sum/k" + std::to_string(k) + "/" + size_name(bytes);
+          benchmark::RegisterBenchmark(slot_name.c_str(), bm_slot_streamed, dt, k, bytes, std::size_t{256} << 10,
+                                       two_pass);
         }
       }
     }

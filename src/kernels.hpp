@@ -60,7 +60,7 @@ void reduce_many_copy(void* dst, void* copy, std::span<const void* const> srcs, 
 // may each alias a source exactly and must not overlap each other.
 inline constexpr std::size_t kMaxStreamSources = 16;  // measured up to 16 (docs/performance.md)
 bool reduce_many_stream(void* dst, void* copy, std::span<const void* const> srcs, std::size_t count, DataType dt,
-                        ReduceOp op) noexcept;
+                        ReduceOp op, bool dst_streamed = true) noexcept;
 
 // dst[i] = dst[i] / divisor (the last step of avg). Integers truncate
 // towards zero; floats divide in their accumulation type (f32 for f16/bf16).

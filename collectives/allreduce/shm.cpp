@@ -204,6 +204,7 @@ Status run(Group& g, const CollArgs& a) {
   // cache. (The hand-off chooser's calls send their own hint.)
   shm::SlotStoreCall stores(g, sig, a.sendbuf == a.recvbuf, bytes, stream && chooser == nullptr);
   std::byte* result = nullptr;  // the two-pass buffer, taken when first needed
+  bool own_fused = false;       // this chunk's share already streamed to the output
 
   auto body = [&](std::size_t c, std::uint64_t slot, int t) {
     const std::size_t first = c * C, len = std::min(C, a.count - first);
@@ -216,6 +217,7 @@ Status run(Group& g, const CollArgs& a) {
       stores.to_slot(mine, src + first * es, off * es);
       stores.to_slot(mine + (off + m) * es, src + (first + off + m) * es, (len - off - m) * es);
     } else if (t == 1) {
+      own_fused = false;
       if (m == 0) return;
       for (int q = 0; q < n; ++q) {
         srcs[static_cast<std::size_t>(q)] = q == me ? src + (first + off) * es : w.slot(q, slot) + off * es;
@@ -230,6 +232,12 @@ Status run(Group& g, const CollArgs& a) {
           kernels::reduce_many(result, srcs, m, a.dt, a.op);
           shm::copy_and_stream(mine + off * es, dst + (first + off) * es, result, m * es, true);
         }
+      } else if (stream) {
+        // Through the cache: the slot by ordinary stores, the output
+        // streamed, in the reduce's own pass where a kernel does that.
+        own_fused = kernels::reduce_many_stream(mine + off * es, dst + (first + off) * es, srcs, m, a.dt, a.op,
+                                                false);
+        if (!own_fused) kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
       } else {
         kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
       }
@@ -242,7 +250,7 @@ Status run(Group& g, const CollArgs& a) {
   };
   // My share's result to my output once the peers can read it from my slot.
   auto own = [&](std::size_t c, std::uint64_t slot, int t) {
-    if (t != 1 || stores.memory()) return;
+    if (t != 1 || stores.memory() || own_fused) return;
     const std::size_t first = c * C, len = std::min(C, a.count - first);
     const shm::Shares sh{len, shm::line_elems(es), n};
     const std::size_t off = sh.off(me), m = sh.size(me);

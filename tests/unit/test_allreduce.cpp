@@ -374,6 +374,28 @@ TEST(AllReduce, ShmThroughMemoryEveryDtypeAndOp) {
   for (int n : {2, 3, 5}) check_cases("shm through memory", flat_nodes(n), cases, by_descriptor("shm"), &memory, through_memory);
 }
 
+// Streamed calls with their slots written through the cache: the reduced
+// share goes to the slot with ordinary stores and to the output with
+// streaming ones in one pass (kernels::reduce_many_stream, dst not
+// streamed) where the kernel applies, otherwise reduced into the slot and
+// streamed on from there. Every dtype and op, counts from one element to
+// many chunks, in place and not, on 2, 3 and 5 ranks.
+TEST(AllReduce, ShmThroughCacheEveryDtypeAndOp) {
+  ShmSetup cache;
+  cache.llc_bytes = 64 << 10;
+  cache.slot_stores = 1;
+  std::vector<Case> cases;
+  for (DataType dt : kAllDataTypes) {
+    for (ReduceOp op : kOps) {
+      for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1001}, std::size_t{20001}}) {
+        for (bool in_place : {false, true}) cases.push_back({dt, op, count, in_place});
+      }
+    }
+  }
+  auto through_cache = [](int, detail::ShmWindow* w, const CollArgs&) { ASSERT_EQ(w->slot_stores(), 1); };
+  for (int n : {2, 3, 5}) check_cases("shm through cache", flat_nodes(n), cases, by_descriptor("shm"), &cache, through_cache);
+}
+
 TEST(HandoffChooser, Bands) {
   using coll::allreduce_impl::HandoffChooser;
   EXPECT_EQ(HandoffChooser::band(0), -1);

@@ -736,7 +736,8 @@ TEST(KernelsReduceMany, FoldsEveryDtypeOpAndAlias) {
 // payload a NaN carries), nothing written past
 // either, for 2 to 5 sources, every count around the vector steps, every
 // byte alignment of the outputs (alike mod 16) and exact aliasing of a
-// source by either output. f16 and bf16 from 3 sources are declined.
+// source by either output, with dst streamed or stored ordinarily. f16 and
+// bf16 from 3 sources are declined.
 TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
   const bool has_kernel = kernels::variant(kernels::Isa::avx2) != nullptr;
   if (!has_kernel) std::printf("[ INFO     ] no AVX2: reduce_many_stream must decline every call\n");
@@ -750,10 +751,11 @@ TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
                               std::size_t{4099}}) {
           for (std::size_t off = 0; off < 16; off += es) {
             // alias: 0 distinct, 1 copy == the first source (in place), 2 dst == the last
-            for (int alias = 0; alias < 3; ++alias) {
+            for (int alias = 0; alias < 6; ++alias) {
+              const bool dst_streamed = alias < 3;
               SCOPED_TRACE(std::string(cclz::dtype_name(dt)) + " " + cclz::op_name(op) + " k=" + std::to_string(k) +
                            " n=" + std::to_string(n) + " off=" + std::to_string(off) +
-                           " alias=" + std::to_string(alias));
+                           " alias=" + std::to_string(alias % 3) + (dst_streamed ? " dst streamed" : " dst cached"));
               std::vector<std::vector<unsigned char>> in(k, std::vector<unsigned char>(n * es));
               for (auto& v : in) fill_random(dt, v.data(), n, rng);
               const std::size_t span = (n * es + 64 + 63) / 64 * 64;
@@ -764,13 +766,13 @@ TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
               unsigned char* base = store_.data() + (64 - reinterpret_cast<std::uintptr_t>(store_.data()) % 64) % 64;
               std::vector<unsigned char*> src(k);
               for (std::size_t j = 0; j < k; ++j) {
-                src[j] = base + j * span + (j == 0 || (alias == 2 && j == k - 1) ? off : (off + 2 * es * j) % 16);
+                src[j] = base + j * span + (j == 0 || (alias % 3 == 2 && j == k - 1) ? off : (off + 2 * es * j) % 16);
                 copy_bytes(src[j], in[j].data(), n * es);
               }
               unsigned char* d = base + k * span + off + 16;
               unsigned char* c = base + (k + 1) * span + off;
-              if (alias == 1) c = src[0];
-              if (alias == 2) d = src[k - 1];
+              if (alias % 3 == 1) c = src[0];
+              if (alias % 3 == 2) d = src[k - 1];
               // What reduce_many_copy gives, from the same inputs elsewhere.
               std::vector<unsigned char> want(n * es + 1), want_copy(n * es + 1);
               std::vector<const void*> ins(k);
@@ -778,7 +780,7 @@ TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
               kernels::reduce_many_copy(want.data(), want_copy.data(), ins, n, dt, op);
               std::vector<const void*> srcs(src.begin(), src.end());
               const bool streams = has_kernel && (dt == DataType::f32 || k == 2);
-              ASSERT_EQ(kernels::reduce_many_stream(d, c, srcs, n, dt, op), streams);
+              ASSERT_EQ(kernels::reduce_many_stream(d, c, srcs, n, dt, op, dst_streamed), streams);
               if (!streams) continue;
               ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
               for (std::size_t i = 0; i < n; ++i) {
