@@ -51,6 +51,9 @@ void reduce_many_copy(void* dst, void* copy, std::span<const void* const> srcs, 
 // all-reduce's reduced share, to the slot its peers read and to the output,
 // when its slots go through memory). The same results as reduce_many_copy
 // (where that gives a NaN, a NaN, its payload perhaps another source's).
+// With dst_streamed false, dst takes ordinary stores and only copy is
+// streamed (a staged all-reduce's share to a slot its peers read from this
+// core's cache, and to its output, in one pass).
 // Returns false, writing nothing, where there is no such kernel (or it was
 // measured slower than two passes): dtypes other than f32, f16 and bf16,
 // ops other than sum, prod, min and max, CPUs without AVX2, fewer than 2
