@@ -9,8 +9,9 @@
 // The others, chunk by chunk: (0) copy the chunk, except my 1/n share of
 // it, into my slot; (1) reduce my share over my input and the n-1 peers'
 // slots, in rank order, into my slot (where my share was not staged),
-// publish, and copy it to my output; (2) copy the other shares' results
-// into my output.
+// publish, and copy it to my output (a streamed output: in the reduce's
+// own pass, kernels::reduce_many_stream); (2) copy the other shares'
+// results into my output.
 // Each share is reduced once, by its owner, and copied by the others:
 // bitwise identical on every rank, and to the one-hand-off result. Memory
 // traffic per rank: the input read and the output written once each (the
