@@ -216,17 +216,22 @@ void bm_two_outputs(benchmark::State& st, DataType dt, std::size_t bytes, bool f
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 4 * static_cast<std::int64_t>(bytes));
 }
 
-// k inputs into two outputs with streaming stores, as a staged all-reduce
-// through memory writes its reduced share to its slot and its output: a
-// `piece` at a time, by reduce_many_stream in one pass or (two_pass) as the
-// all-reduce does where that kernel declines, reduce_many into a buffer in
-// the cache and then shm::copy_and_stream. k reads and two writes counted.
+// k inputs into two outputs, as a staged streamed all-reduce writes its
+// reduced share to its slot and its output, a `piece` at a time. Slots
+// through memory: both outputs streamed, by reduce_many_stream in one pass
+// or (two_pass) as the all-reduce does where that kernel declines,
+// reduce_many into a buffer in the cache and then shm::copy_and_stream.
+// `slot_in_cache`: a `piece`-sized slot stored ordinarily (its peers read it
+// from this cache) and the output streamed, by reduce_many_stream with dst
+// not streamed, or (two_pass) reduce_many into the slot and
+// shm::copy_stream from there. k reads and two writes counted.
 void bm_many_streamed(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes, std::size_t piece,
-                      bool two_pass) {
+                      bool two_pass, bool slot_in_cache) {
   Arena arena(k + 2, bytes);
   std::vector<const void*> ptrs(k);
   for (std::size_t s = 0; s < k; ++s) fill(arena.stream(s), bytes, dt, static_cast<unsigned>(s + 1));
-  std::vector<unsigned char> scratch(piece);
+  std::vector<unsigned char> scratch(piece + 64);
+  unsigned char* buf = scratch.data() + (64 - reinterpret_cast<std::uintptr_t>(scratch.data()) % 64) % 64;
   const std::size_t es = cclz::dtype_size(dt);
   unsigned char* d = arena.stream(k);
   unsigned char* c = arena.stream(k + 1);
@@ -234,49 +239,20 @@ void bm_many_streamed(benchmark::State& st, DataType dt, std::size_t k, std::siz
     for (std::size_t o = 0; o < bytes; o += piece) {
       const std::size_t n = std::min(piece, bytes - o);
       for (std::size_t s = 0; s < k; ++s) ptrs[s] = arena.stream(s) + o;
+      unsigned char* slot = slot_in_cache ? buf : d + o;
       if (two_pass) {
-        kernels::reduce_many(scratch.data(), ptrs, n / es, dt, ReduceOp::sum);
-        cclz::coll::shm::copy_and_stream(d + o, c + o, scratch.data(), n, true);
-      } else if (!kernels::reduce_many_stream(d + o, c + o, ptrs, n / es, dt, ReduceOp::sum)) {
+        kernels::reduce_many(buf, ptrs, n / es, dt, ReduceOp::sum);
+        if (slot_in_cache) {
+          cclz::coll::shm::copy_stream(c + o, buf, n);
+        } else {
+          cclz::coll::shm::copy_and_stream(slot, c + o, buf, n, true);
+        }
+      } else if (!kernels::reduce_many_stream(slot, c + o, ptrs, n / es, dt, ReduceOp::sum, !slot_in_cache)) {
         st.SkipWithError("reduce_many_stream has no kernel on this CPU");
         return;
       }
     }
     benchmark::DoNotOptimize(d);
-    benchmark::ClobberMemory();
-  }
-  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(k + 2) *
-                       static_cast<std::int64_t>(bytes));
-}
-
-// The same with the slot in the cache (a staged all-reduce whose peers read
-// its slot from its cache): the reduced share to a `piece`-sized slot with
-// ordinary stores and to the output with streaming ones, by
-// reduce_many_stream in one pass (dst not streamed) or (two_pass) reduce_many
-// into the slot and shm::copy_stream from there. k reads and two writes
-// counted.
-void bm_slot_streamed(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes, std::size_t piece,
-                      bool two_pass) {
-  Arena arena(k + 1, bytes);
-  std::vector<const void*> ptrs(k);
-  for (std::size_t s = 0; s < k; ++s) fill(arena.stream(s), bytes, dt, static_cast<unsigned>(s + 1));
-  std::vector<unsigned char> slot(piece + 64);
-  unsigned char* sl = slot.data() + (64 - reinterpret_cast<std::uintptr_t>(slot.data()) % 64) % 64;
-  const std::size_t es = cclz::dtype_size(dt);
-  unsigned char* c = arena.stream(k);
-  for (auto _ : st) {
-    for (std::size_t o = 0; o < bytes; o += piece) {
-      const std::size_t n = std::min(piece, bytes - o);
-      for (std::size_t s = 0; s < k; ++s) ptrs[s] = arena.stream(s) + o;
-      if (two_pass) {
-        kernels::reduce_many(sl, ptrs, n / es, dt, ReduceOp::sum);
-        cclz::coll::shm::copy_stream(c + o, sl, n);
-      } else if (!kernels::reduce_many_stream(sl, c + o, ptrs, n / es, dt, ReduceOp::sum, false)) {
-        st.SkipWithError("reduce_many_stream has no kernel on this CPU");
-        return;
-      }
-    }
-    benchmark::DoNotOptimize(sl);
     benchmark::ClobberMemory();
   }
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(k + 2) *
@@ -365,11 +341,12 @@ void register_all() {
         for (bool two_pass : {false, true}) {
           const std::string name = std::string(two_pass ? "reduce_then_stream/" : "reduce_many_stream/") +
                                    cclz::dtype_name(dt) + "/sum/k" + std::to_string(k) + "/" + size_name(bytes);
-          benchmark::RegisterBenchmark(name.c_str(), bm_many_streamed, dt, k, bytes, std::size_t{256} << 10, two_pass);
+          benchmark::RegisterBenchmark(name.c_str(), bm_many_streamed, dt, k, bytes, std::size_t{256} << 10, two_pass,
+                                       false);
           const std::string slot_name = std::string(two_pass ? "reduce_slot_then_stream/" : "reduce_slot_stream/") +
                                         cclz::dtype_name(dt) + "/sum/k" + std::to_string(k) + "/" + size_name(bytes);
-          benchmark::RegisterBenchmark(slot_name.c_str(), bm_slot_streamed, dt, k, bytes, std::size_t{256} << 10,
-                                       two_pass);
+          benchmark::RegisterBenchmark(slot_name.c_str(), bm_many_streamed, dt, k, bytes, std::size_t{256} << 10,
+                                       two_pass, true);
         }
       }
     }

@@ -353,15 +353,13 @@ TEST(AllReduce, ShmStreamedCallsRunBothSlotStores) {
   }
 }
 
-// Streamed calls with their slots written through memory: the reduced
-// share goes to the slot and the output in one pass with streaming stores
-// (kernels::reduce_many_stream) for f32, and for f16 and bf16 on 2 ranks;
-// in two passes for the rest. Every dtype and op, counts from one element
+// Streamed calls (a 64 KiB last level) with the slot stores fixed
+// (1: ordinary, 2: streaming): every dtype and op, counts from one element
 // to many chunks, in place and not, on 2, 3 and 5 ranks.
-TEST(AllReduce, ShmThroughMemoryEveryDtypeAndOp) {
-  ShmSetup memory;
-  memory.llc_bytes = 64 << 10;
-  memory.slot_stores = 2;
+void check_streamed_every_dtype_and_op(const char* what, int slot_stores) {
+  ShmSetup setup;
+  setup.llc_bytes = 64 << 10;
+  setup.slot_stores = slot_stores;
   std::vector<Case> cases;
   for (DataType dt : kAllDataTypes) {
     for (ReduceOp op : kOps) {
@@ -370,31 +368,22 @@ TEST(AllReduce, ShmThroughMemoryEveryDtypeAndOp) {
       }
     }
   }
-  auto through_memory = [](int, detail::ShmWindow* w, const CollArgs&) { ASSERT_EQ(w->slot_stores(), 2); };
-  for (int n : {2, 3, 5}) check_cases("shm through memory", flat_nodes(n), cases, by_descriptor("shm"), &memory, through_memory);
+  auto fixed = [slot_stores](int, detail::ShmWindow* w, const CollArgs&) {
+    ASSERT_EQ(w->slot_stores(), slot_stores);
+  };
+  for (int n : {2, 3, 5}) check_cases(what, flat_nodes(n), cases, by_descriptor("shm"), &setup, fixed);
 }
 
-// Streamed calls with their slots written through the cache: the reduced
-// share goes to the slot with ordinary stores and to the output with
-// streaming ones in one pass (kernels::reduce_many_stream, dst not
-// streamed) where the kernel applies, otherwise reduced into the slot and
-// streamed on from there. Every dtype and op, counts from one element to
-// many chunks, in place and not, on 2, 3 and 5 ranks.
-TEST(AllReduce, ShmThroughCacheEveryDtypeAndOp) {
-  ShmSetup cache;
-  cache.llc_bytes = 64 << 10;
-  cache.slot_stores = 1;
-  std::vector<Case> cases;
-  for (DataType dt : kAllDataTypes) {
-    for (ReduceOp op : kOps) {
-      for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1001}, std::size_t{20001}}) {
-        for (bool in_place : {false, true}) cases.push_back({dt, op, count, in_place});
-      }
-    }
-  }
-  auto through_cache = [](int, detail::ShmWindow* w, const CollArgs&) { ASSERT_EQ(w->slot_stores(), 1); };
-  for (int n : {2, 3, 5}) check_cases("shm through cache", flat_nodes(n), cases, by_descriptor("shm"), &cache, through_cache);
-}
+// Slots written through memory: the reduced share goes to the slot and the
+// output in one pass with streaming stores (kernels::reduce_many_stream)
+// for f32, and for f16 and bf16 on 2 ranks; in two passes for the rest.
+TEST(AllReduce, ShmThroughMemoryEveryDtypeAndOp) { check_streamed_every_dtype_and_op("shm through memory", 2); }
+
+// Slots written through the cache: the reduced share goes to the slot with
+// ordinary stores and to the output with streaming ones in one pass
+// (kernels::reduce_many_stream, dst not streamed) where the kernel
+// applies, otherwise reduced into the slot and streamed on from there.
+TEST(AllReduce, ShmThroughCacheEveryDtypeAndOp) { check_streamed_every_dtype_and_op("shm through cache", 1); }
 
 TEST(HandoffChooser, Bands) {
   using coll::allreduce_impl::HandoffChooser;
