@@ -156,18 +156,16 @@ Status fence(Group& g, const detail::ShmWindow::CallSig& sig, const char* name, 
 
 // A direct call's copy from this rank's own input into its own output
 // (all-gather, all-to-all), which no peer waits for: own(half) copies half 0
-// or 1 of it (OwnHalf), and run_if_direct runs the halves inside the call's
-// two hand-offs instead of before them. NoOwnCopy: none.
+// or 1 of it (copy_own_half), and run_if_direct runs the halves inside the
+// call's two hand-offs instead of before them. NoOwnCopy: none.
 struct NoOwnCopy {
   void operator()(int) const noexcept {}
 };
-struct OwnHalf {
-  std::size_t from = 0, len = 0;
-};
-// Half 0 or 1 of a block of `bytes`, cut on a cache line.
-inline OwnHalf own_half(std::size_t bytes, int half) noexcept {
-  const std::size_t cut = bytes / 2 / 64 * 64;
-  return half == 0 ? OwnHalf{0, cut} : OwnHalf{cut, bytes - cut};
+// Half 0 or 1 of a block of `bytes` from src to dst, cut on a cache line;
+// streamed when the call streams its outputs.
+inline void copy_own_half(void* dst, const void* src, std::size_t bytes, int half, bool stream) noexcept {
+  const std::size_t cut = bytes / 2 / 64 * 64, from = half == 0 ? 0 : cut, len = half == 0 ? cut : bytes - cut;
+  (stream ? copy_stream : copy)(static_cast<std::byte*>(dst) + from, static_cast<const std::byte*>(src) + from, len);
 }
 
 // Below the window's threshold, calls from this size (largest buffer) up

@@ -112,9 +112,8 @@ Status run(Group& g, const CollArgs& a) {
     const int n = g.size(), me = g.rank();
     std::byte* mine = static_cast<std::byte*>(a.recvbuf) + static_cast<std::size_t>(me) * block;
     if (mapped || mine == a.sendbuf) return;
-    auto out_copy = shm::stream_outputs(g, block, block * static_cast<std::size_t>(n)) ? shm::copy_stream : shm::copy;
-    const shm::OwnHalf h = shm::own_half(block, half);
-    out_copy(mine + h.from, static_cast<const std::byte*>(a.sendbuf) + h.from, h.len);
+    const bool stream = shm::stream_outputs(g, block, block * static_cast<std::size_t>(n));
+    shm::copy_own_half(mine, a.sendbuf, block, half, stream);
   };
   Status direct = shm::run_if_direct(
       g, a, block * static_cast<std::size_t>(g.size()), block, 0, &ran,

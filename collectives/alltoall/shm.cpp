@@ -44,10 +44,8 @@ Status run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
 void own_block(Group& g, const CollArgs& a, int half) {
   const std::size_t block = a.count * a.elem_size(), at = static_cast<std::size_t>(g.rank()) * block;
   const std::size_t bytes = block * static_cast<std::size_t>(g.size());
-  auto out_copy = shm::stream_outputs(g, bytes, bytes) ? shm::copy_stream : shm::copy;
-  const shm::OwnHalf h = shm::own_half(block, half);
-  out_copy(static_cast<std::byte*>(a.recvbuf) + at + h.from, static_cast<const std::byte*>(a.sendbuf) + at + h.from,
-           h.len);
+  shm::copy_own_half(static_cast<std::byte*>(a.recvbuf) + at, static_cast<const std::byte*>(a.sendbuf) + at, block,
+                     half, shm::stream_outputs(g, bytes, bytes));
 }
 
 Status run(Group& g, const CollArgs& a) {
