@@ -57,8 +57,10 @@ struct Buffer {
   std::unique_ptr<std::byte[], Free> mem;
   std::size_t bytes = 0;
   bool registered = false;
+  std::size_t offset = 0;  // where data() starts in mem (--offset)
 
   void reserve(std::size_t want) {
+    want += offset;
     if (want <= bytes && mem) return;
     want = std::max<std::size_t>(want, 64);
     mem.reset();
@@ -72,7 +74,8 @@ struct Buffer {
     std::memset(mem.get(), 0, want);  // fault the pages in outside any timing
     bytes = want;
   }
-  std::byte* at(std::size_t elems, DataType dt) const { return mem.get() + elems * dtype_size(dt); }
+  std::byte* data() const { return mem.get() + offset; }
+  std::byte* at(std::size_t elems, DataType dt) const { return data() + elems * dtype_size(dt); }
 };
 
 // Waits on an MPI request without spinning: MPICH's blocking waits poll a
@@ -249,8 +252,8 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
   const std::size_t es = dtype_size(dt);
   buf_.send.reserve(bc.send * es);
   buf_.recv.reserve(bc.recv * es);
-  std::byte* s = buf_.send.mem.get();
-  std::byte* r = buf_.recv.mem.get();
+  std::byte* s = buf_.send.data();
+  std::byte* r = buf_.recv.data();
   const double factor = testing::busbw_factor(o_.kind, n_);
   auto finish = [&](Measure* m, double secs) {
     m->valid = true;
@@ -282,7 +285,7 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
   if (ci.has_in_place) {
     const testing::InPlaceLayout ip = testing::in_place_layout(c, rank_);
     buf_.inplace.reserve(ip.buffer_count * es);
-    std::byte* base = buf_.inplace.mem.get();
+    std::byte* base = buf_.inplace.data();
     std::byte* is = buf_.inplace.at(ip.send_offset, dt);
     std::byte* ir = buf_.inplace.at(ip.recv_offset, dt);
     if (o_.check) std::memset(base, 0xA5, ip.buffer_count * es);
@@ -443,6 +446,7 @@ int run(int argc, char** argv) {
   }
   info.mpi = o.mpi_baseline;
   info.registered = o.register_buffers;
+  info.offset = o.offset;
   info.roof = o.kind == CollKind::all_reduce && info.nodes == 1;
   info.copiers_n = std::max(1, std::min(info.local_ranks, info.cores));
 
@@ -471,7 +475,10 @@ int run(int argc, char** argv) {
   std::vector<Row> rows;
   bool ok = true;
   Buffers buffers;
-  for (Buffer* b : {&buffers.send, &buffers.recv, &buffers.inplace}) b->registered = o.register_buffers;
+  for (Buffer* b : {&buffers.send, &buffers.recv, &buffers.inplace}) {
+    b->registered = o.register_buffers;
+    b->offset = o.offset;
+  }
   if (!o.compressors.empty()) {
     // --compressor: the compressed all-reduce beside the dense one, instead of the table.
     algorithms.clear();

@@ -77,6 +77,9 @@ Options (as nccl-tests unless marked cclz):
                           node read from one another in place (large calls
                           then copy each byte once); MPI gets the same
                           buffers (default 0: plain heap memory)
+      --offset B          cclz: buffers start B bytes past a 64-byte boundary
+                          (0-56, a multiple of 8; default 0). malloc's large
+                          blocks sit 16 bytes past a page.
       --json FILE         cclz: also write every row as JSON (rank 0)
       --csv FILE          cclz: also write every row as CSV (rank 0)
       --no-mpi            cclz: skip the MPI baseline columns
@@ -160,6 +163,11 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
       int r = 0;
       if (!parse_int(v, 0, 1, &r)) return *error = "bad value for -R (0 or 1): " + v, false;
       o.register_buffers = r != 0;
+    } else if (name == "--offset") {
+      if (!take(&v)) return false;
+      int b = 0;
+      if (!parse_int(v, 0, 56, &b) || b % 8 != 0) return *error = "bad --offset (0-56, a multiple of 8): " + v, false;
+      o.offset = static_cast<std::size_t>(b);
     } else if (name == "-c" || name == "--check") {
       if (!take(&v)) return false;
       int c = 0;

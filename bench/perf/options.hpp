@@ -31,6 +31,10 @@ struct Options {
   // -R 1: buffers from cclz::mem_alloc, which node-local peers read in place
   // (nccl-tests' -R registers buffers the same way); MPI uses them too.
   bool register_buffers = false;
+  // --offset B: every buffer starts B bytes past a 64-byte boundary (the
+  // alignment of a program's own arrays: glibc's large blocks sit 16 bytes
+  // past a page).
+  std::size_t offset = 0;
   // --compressor SPEC (repeatable): time the compressed all-reduce instead
   // of the dense table (bench/perf/compressed.cpp); --requant picks the
   // re-quantizable scheme.

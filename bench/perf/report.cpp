@@ -76,8 +76,8 @@ void print_header(std::FILE* f, const RunInfo& i) {
   std::fprintf(f, " warmup iters: %d iters: %d validation: %d\n", i.warmup, i.iters, i.check ? 1 : 0);
   std::fprintf(f, "# dtype %s  op %s  root %d  algorithm %s  baseline %s\n", i.dtypes.c_str(), i.ops.c_str(),
                i.root, i.algorithm.c_str(), i.mpi ? "MPI (same run)" : "none");
-  std::fprintf(f, "# host %s  buffers %s\n", i.host.c_str(),
-               i.registered ? "cclz::mem_alloc (-R 1: node-local peers read them in place)" : "heap (-R 0)");
+  std::fprintf(f, "# host %s  buffers %s, %zu bytes past a 64-byte boundary\n", i.host.c_str(),
+               i.registered ? "cclz::mem_alloc (-R 1: node-local peers read them in place)" : "heap (-R 0)", i.offset);
   std::fprintf(f, "# copy bandwidth (bytes read + written, best of 5, %zu MB per copier): 1 copier %.2f GB/s, %d "
                "concurrent %.2f GB/s\n",
                i.copy_bytes >> 20, i.copy_bw_1 / kGB, i.copiers_n, i.copy_bw_n / kGB);

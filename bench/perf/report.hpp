@@ -59,6 +59,7 @@ struct RunInfo {
   std::size_t llc_bytes = 0;  // last-level cache size (0 if unknown)
   bool mpi = true;
   bool registered = false;    // -R 1: buffers from cclz::mem_alloc
+  std::size_t offset = 0;     // --offset: bytes past a 64-byte boundary
   bool roof = false;          // roofline column printed (all_reduce on one host)
 };
 
