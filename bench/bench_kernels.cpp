@@ -139,13 +139,14 @@ void bm_reduce_inplace(benchmark::State& st, DataType dt, std::size_t bytes) {
 // pipelines make them (shm_pipeline.hpp), four pages side by side: memory
 // to memory with streaming stores (copy_stream), and a source in memory
 // into a 512 KiB slot that stays in the cache, a slot's worth at a time
-// (copy_in, beside memcpy doing the same).
+// (copy_in, beside memcpy doing the same). `offset`: source and destination
+// that many bytes past a line, as a program's arrays may be.
 enum class Copy { memcpy, stream, in, memcpy_in };
-void bm_copy(benchmark::State& st, Copy kind, std::size_t bytes) {
+void bm_copy(benchmark::State& st, Copy kind, std::size_t bytes, std::size_t offset) {
   constexpr std::size_t kSlot = std::size_t{512} << 10;
-  Arena arena(2, bytes);
-  unsigned char* src = arena.stream(0);
-  unsigned char* dst = arena.stream(1);
+  Arena arena(2, bytes + offset);
+  unsigned char* src = arena.stream(0) + offset;
+  unsigned char* dst = arena.stream(1) + offset;
   std::memset(src, 1, bytes);
   std::memset(dst, 0, bytes);
   for (auto _ : st) {
@@ -283,11 +284,15 @@ void register_all() {
   const kernels::Variant* best = &kernels::best_variant();
   for (std::size_t bytes : kSizes) {
     const std::string sz = size_name(bytes);
-    benchmark::RegisterBenchmark(("memcpy/" + sz).c_str(), bm_copy, Copy::memcpy, bytes);
-    benchmark::RegisterBenchmark(("copy_stream/" + sz).c_str(), bm_copy, Copy::stream, bytes);
+    benchmark::RegisterBenchmark(("memcpy/" + sz).c_str(), bm_copy, Copy::memcpy, bytes, 0);
+    for (std::size_t offset : {std::size_t{0}, std::size_t{16}}) {
+      std::string name = "copy_stream/" + sz;
+      if (offset != 0) name += "+16";
+      benchmark::RegisterBenchmark(name.c_str(), bm_copy, Copy::stream, bytes, offset);
+    }
     if (bytes > (std::size_t{512} << 10)) {
-      benchmark::RegisterBenchmark(("copy_in/" + sz).c_str(), bm_copy, Copy::in, bytes);
-      benchmark::RegisterBenchmark(("memcpy_in/" + sz).c_str(), bm_copy, Copy::memcpy_in, bytes);
+      benchmark::RegisterBenchmark(("copy_in/" + sz).c_str(), bm_copy, Copy::in, bytes, 0);
+      benchmark::RegisterBenchmark(("memcpy_in/" + sz).c_str(), bm_copy, Copy::memcpy_in, bytes, 0);
     }
     for (DataType dt : cclz::kAllDataTypes) {
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {

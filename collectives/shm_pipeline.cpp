@@ -37,7 +37,7 @@ constexpr std::size_t kInterleaved = kStreams * kPage;
 
 #if defined(__x86_64__)
 // One 64-byte line from src + at to out + at (streaming stores, `out`
-// 16-byte aligned there) and, with kToSlot, to slot + at.
+// on a line there) and, with kToSlot, to slot + at.
 template <bool kStream, bool kToSlot, bool kSlotStreamed>
 inline void line(std::byte* slot, std::byte* out, const std::byte* src, std::size_t at) noexcept {
   __m128i v[4];
@@ -122,18 +122,24 @@ namespace {
 // output from evicting the staging slots from the cache; the one pass reads
 // a large source once (a second pass finds it evicted by the first pass's
 // writes and reads it from memory again: a 64 MB all-gather on 2 ranks,
-// 5.2 -> 4.3 ms).
+// 5.2 -> 4.3 ms). The streamed part starts on a line of `out`: the loop
+// writes four pages in turn, and an output off the line boundary would
+// leave two partly written lines per page open in the core's
+// write-combining buffers, more than it holds, each flushed in pieces
+// (buffers 16 bytes past a line, as malloc's large blocks are, 2 bound
+// ranks: all-gather 16 MB 1.55-1.67 -> 1.31-1.40 ms, all-to-all 64 MB
+// 11.2 -> 9.4-9.7 ms; docs/performance.md).
 template <bool kToSlot, bool kSlotStreamed = false>
 void stream_out(std::byte* slot, std::byte* out, const std::byte* src, std::size_t n) noexcept {
 #if defined(__x86_64__)
-  const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(out) % 16) % 16;
+  const std::size_t head = (64 - reinterpret_cast<std::uintptr_t>(out) % 64) % 64;
   if (n < head + 256) {
     if constexpr (kToSlot) copy(slot, src, n);
     copy(out, src, n);
     return;
   }
   const std::size_t end = lines<true, kToSlot, kSlotStreamed>(slot, out, src, head, n);
-  // The unaligned head and the short tail.
+  // The head before the first line and the short tail.
   std::memcpy(out, src, head);
   std::memcpy(out + end, src + end, n - end);
   if constexpr (kToSlot) {
@@ -168,9 +174,9 @@ void copy_and_stream(void* slot, void* out, const void* src, std::size_t n, bool
   auto* s = static_cast<std::byte*>(slot);
   auto* o = static_cast<std::byte*>(out);
   const auto* from = static_cast<const std::byte*>(src);
-  if (slot_streamed && (reinterpret_cast<std::uintptr_t>(s) - reinterpret_cast<std::uintptr_t>(o)) % 16 != 0) {
-    // Streaming stores need 16-byte alignment, which one pass gives only to
-    // destinations aligned alike; the second pass finds src in the cache.
+  if (slot_streamed && (reinterpret_cast<std::uintptr_t>(s) - reinterpret_cast<std::uintptr_t>(o)) % 64 != 0) {
+    // Both outputs' streaming stores start on a line only where they lie
+    // alike within one (stream_out); the second pass finds src in the cache.
     copy_stream(s, from, n);
     copy_stream(o, from, n);
   } else if (slot_streamed) {

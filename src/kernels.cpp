@@ -1341,12 +1341,13 @@ bool reduce_many_stream(void* dst, void* copy, std::span<const void* const> srcs
     for (std::size_t j = 0; j < k; ++j) s[j] = static_cast<const std::byte*>(srcs[j]) + e * es;
     return s.data();
   };
-  // reduce_many_copy (ordinary stores) up to the outputs' 16-byte boundary
+  // reduce_many_copy (ordinary stores) up to the first line of `copy`, so
+  // that streaming stores fill whole lines from there (as shm::copy_stream),
   // and for the tail after the last whole step.
   const auto plain = [&](std::size_t e, std::size_t n) {
     best_variant().reduce_many(d + e * es, c + e * es, from(e), k, n, dt, op);
   };
-  const std::size_t head = std::min(count, (16 - at(c) % 16) % 16 / es);
+  const std::size_t head = std::min(count, (64 - at(c) % 64) % 64 / es);
   plain(0, head);
   const std::size_t done =
       head + (dst_streamed ? stream_steps<true> : stream_steps<false>)(d + head * es, c + head * es, from(head), k,

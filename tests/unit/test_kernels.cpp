@@ -749,7 +749,9 @@ TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
         for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9},
                               std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{33}, std::size_t{1000},
                               std::size_t{4099}}) {
-          for (std::size_t off = 0; off < 16; off += es) {
+          // Every offset in a line: the streamed output starts on a line,
+          // after up to 63 bytes stored ordinarily.
+          for (std::size_t off = 0; off < 64; off += off < 16 ? es : 8) {
             // alias: 0 distinct, 1 copy == the first source (in place), 2 dst == the last
             for (int alias = 0; alias < 6; ++alias) {
               const bool dst_streamed = alias < 3;
@@ -758,10 +760,10 @@ TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
                            " alias=" + std::to_string(alias % 3) + (dst_streamed ? " dst streamed" : " dst cached"));
               std::vector<std::vector<unsigned char>> in(k, std::vector<unsigned char>(n * es));
               for (auto& v : in) fill_random(dt, v.data(), n, rng);
-              const std::size_t span = (n * es + 64 + 63) / 64 * 64;
+              const std::size_t span = (n * es + 128 + 63) / 64 * 64;  // room for off + 16 and a guard
               // A 64-byte aligned arena: the k sources, dst, copy. The outputs
-              // sit at off (mod 16 alike); the sources at other offsets unless
-              // an output is one of them.
+              // sit at off and off + 16 (alike mod 16); the sources at other
+              // offsets unless an output is one of them.
               std::vector<unsigned char> store_((k + 2) * span + 64, 0xa5);
               unsigned char* base = store_.data() + (64 - reinterpret_cast<std::uintptr_t>(store_.data()) % 64) % 64;
               std::vector<unsigned char*> src(k);

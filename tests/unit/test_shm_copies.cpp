@@ -73,7 +73,7 @@ TEST(ShmCopies, EveryLengthAndAlignment) {
   const std::vector<std::byte> source = pattern(longest + 64);
   for (std::size_t n : lengths()) {
     for (std::size_t src_off : {0, 1, 16, 33}) {
-      for (std::size_t dst_off : {0, 5, 16, 48}) {
+      for (std::size_t dst_off : {0, 5, 16, 48, 63}) {
         const std::byte* src = source.data() + src_off;
         const std::string at = "n " + std::to_string(n) + ", src +" + std::to_string(src_off) + ", dst +" +
                                std::to_string(dst_off);
@@ -84,8 +84,9 @@ TEST(ShmCopies, EveryLengthAndAlignment) {
         EXPECT_EQ(in.check(src, n), "") << "copy_in, " << at;
         coll::shm::copy_stream(stream.data(), src, n);
         EXPECT_EQ(stream.check(src, n), "") << "copy_stream, " << at;
-        // The slot aligned like the output (one pass) and not (two).
-        for (std::size_t slot_off : {dst_off, dst_off + 8}) {
+        // The slot aligned like the output (one pass) and not (two): 8 or
+        // 16 bytes apart, alike mod 16 but on different line offsets.
+        for (std::size_t slot_off : {dst_off, dst_off + 8, dst_off + 16}) {
           for (bool slot_streamed : {false, true}) {
             Dest slot(n, slot_off), out(n, dst_off);
             coll::shm::copy_and_stream(slot.data(), out.data(), src, n, slot_streamed);
