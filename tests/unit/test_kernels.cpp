@@ -871,7 +871,8 @@ TEST(KernelsDivide, EveryDtypeAndDivisor) {
   std::mt19937_64 rng(3);
   for (DataType dt : cclz::kAllDataTypes) {
     const std::size_t es = cclz::dtype_size(dt);
-    for (int q : {1, 2, 3, 7, 8, -1, -3, 0}) {
+    // Powers of two (1 to 2^20) multiply by the reciprocal: the same bits.
+    for (int q : {1, 2, 3, 4, 7, 8, 64, 1 << 20, -1, -2, -3, 0}) {
       for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}, std::size_t{1001}}) {
         SCOPED_TRACE(std::string(cclz::dtype_name(dt)) + " /" + std::to_string(q) + " n=" + std::to_string(n));
         std::vector<unsigned char> in(n * es);
