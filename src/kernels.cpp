@@ -1241,7 +1241,7 @@ const Variant* pick_best() noexcept {
 // agree (subnormal results, infinities and NaNs included), and the loop
 // runs at the multiplier's throughput instead of the divider's (avg of 2
 // bound ranks, 1 MB: 190 us against 76 for sum; docs/performance.md).
-bool power_of_two(int divisor) noexcept { return divisor > 0 && (divisor & (divisor - 1)) == 0; }
+bool power_of_two(int divisor) noexcept { return divisor > 0 && std::has_single_bit(static_cast<unsigned>(divisor)); }
 
 template <class T>
 void divide_float(void* dst, std::size_t n, int divisor) noexcept {
