@@ -2,8 +2,8 @@
 // dtype and op at 4 KiB, 256 KiB (in cache) and 64 MiB (memory) per buffer,
 // next to memcpy of the same buffer size as the copy-bandwidth reference, plus
 // the per-ISA variants, the fused reduce_many against a chain of reduce()
-// calls, the bulk f16/bf16 conversions, and the node-local path's large
-// copies (copy_stream, copy_in).
+// calls, the bulk f16/bf16 conversions, avg's divide step, and the
+// node-local path's large copies (copy_stream, copy_in).
 //
 // Bytes processed (so "bytes_per_second" is a bandwidth) count every stream
 // that touches memory: reduce = 3 x buffer (read a, read b, write dst),
@@ -280,6 +280,21 @@ void bm_convert(benchmark::State& st, const kernels::Variant* v, bool bf16, bool
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(n * 6));
 }
 
+// avg's divide step in place. Divisors 1 and -1 keep the values as they
+// are from one iteration to the next (a divisor of 2 would run them into
+// subnormals) and take the two loops: 1, a power of two, multiplies by its
+// reciprocal; -1 divides. Bytes: read and write of the buffer.
+void bm_divide(benchmark::State& st, const kernels::Variant* v, DataType dt, int divisor, std::size_t bytes) {
+  Buffers buf(bytes, dt);
+  const std::size_t count = bytes / cclz::dtype_size(dt);
+  for (auto _ : st) {
+    v->divide(buf.a, count, dt, divisor);
+    benchmark::DoNotOptimize(buf.a);
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * 2 * static_cast<std::int64_t>(bytes));
+}
+
 void register_all() {
   const kernels::Variant* best = &kernels::best_variant();
   for (std::size_t bytes : kSizes) {
@@ -311,6 +326,13 @@ void register_all() {
         const std::string name = std::string("isa/") + kernels::isa_name(isa) + "/reduce/" + cclz::dtype_name(dt) +
                                  "/sum/" + size_name(bytes);
         benchmark::RegisterBenchmark(name.c_str(), bm_reduce, v, dt, ReduceOp::sum, bytes);
+      }
+      for (DataType dt : {DataType::f32, DataType::f16, DataType::bf16}) {
+        for (int divisor : {1, -1}) {
+          const std::string name = std::string("isa/") + kernels::isa_name(isa) + "/divide/" +
+                                   cclz::dtype_name(dt) + (divisor == 1 ? "/mul/" : "/div/") + size_name(bytes);
+          benchmark::RegisterBenchmark(name.c_str(), bm_divide, v, dt, divisor, bytes);
+        }
       }
       for (bool bf16 : {false, true}) {
         for (bool to_float : {true, false}) {

@@ -250,6 +250,13 @@ struct op_max {
     }
   }
 };
+// a / b for floats: avg's divide step (kernels::divide), never a ReduceOp.
+struct op_quot {
+  template <class T>
+  CCLZ_INLINE static T apply(T a, T b) noexcept {
+    return a / b;
+  }
+};
 
 // f16/bf16 element op on the storage type: widen, combine in f32, round back.
 // Every op turns a NaN input into a quiet NaN (min/max through a + b), so the
@@ -293,6 +300,13 @@ CCLZ_INLINE void narrow_soft_u(u16_u* __restrict out, const f32_u* __restrict in
   for (std::size_t i = 0; i < n; ++i) out[i] = Conv::narrow(in[i]);
 }
 
+// d[i] = Op(d[i], q) on widened values (avg's divide step: op_prod by a
+// power of two's reciprocal, or op_quot). The policies' `scale`.
+template <class Conv, class Op>
+CCLZ_INLINE void scale_soft(u16_u* d, std::size_t n, float q) noexcept {
+  for (std::size_t i = 0; i < n; ++i) d[i] = Conv::narrow(Op::apply(Conv::widen_raw(d[i]), q));
+}
+
 // ---------------------------------------------------------------------------
 // F16C paths (x86-64-v3 variant): 8 halves per instruction.
 #ifdef CCLZ_KERNELS_X86
@@ -303,6 +317,8 @@ CCLZ_TARGET_V3 CCLZ_INLINE __m256 vop(__m256 a, __m256 b) noexcept {
     return _mm256_add_ps(a, b);
   } else if constexpr (std::is_same_v<Op, op_prod>) {
     return _mm256_mul_ps(a, b);
+  } else if constexpr (std::is_same_v<Op, op_quot>) {
+    return _mm256_div_ps(a, b);
   } else {
     // Same formulation as fmin_nan/fmax_nan.
     __m256 r;
@@ -532,6 +548,8 @@ CCLZ_TARGET_V4 CCLZ_INLINE __m512 vop512(__m512 a, __m512 b) noexcept {
     return _mm512_add_ps(a, b);
   } else if constexpr (std::is_same_v<Op, op_prod>) {
     return _mm512_mul_ps(a, b);
+  } else if constexpr (std::is_same_v<Op, op_quot>) {
+    return _mm512_div_ps(a, b);
   } else {
     // Same formulation as fmin_nan/fmax_nan.
     __m512 r;
@@ -839,6 +857,10 @@ struct soft_bf16 : soft_many<std::uint16_t, float, conv_bf16> {
   CCLZ_INLINE static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
     reduce_loops<std::uint16_t, widened<conv_bf16, Op>, kCopy>(d, c, a, b, n);
   }
+  template <class Op>
+  CCLZ_INLINE static void scale(u16_u* d, std::size_t n, float q) noexcept {
+    scale_soft<conv_bf16, Op>(d, n, q);
+  }
 };
 
 // f16 policies: pairwise reduce, the n-input steps, and bulk conversions.
@@ -857,6 +879,10 @@ struct soft_f16 : soft_many<std::uint16_t, float, conv_f16> {
   }
   CCLZ_INLINE static void narrow(u16_u* out, const f32_u* in, std::size_t n) noexcept {
     narrow_soft_u<conv_f16>(out, in, n);
+  }
+  template <class Op>
+  CCLZ_INLINE static void scale(u16_u* d, std::size_t n, float q) noexcept {
+    scale_soft<conv_f16, Op>(d, n, q);
   }
 };
 
@@ -879,6 +905,13 @@ struct hw_f16 {
   }
   CCLZ_TARGET_V3 static void narrow(u16_u* out, const f32_u* in, std::size_t n) noexcept {
     narrow_f16c(out, in, n);
+  }
+  template <class Op>
+  CCLZ_TARGET_V3 static void scale(u16_u* d, std::size_t n, float q) noexcept {
+    const __m256 vq = _mm256_set1_ps(q);
+    std::size_t j = 0;
+    for (; j + 8 <= n; j += 8) store_h8(d + j, vop<Op>(load_h8(d + j), vq));
+    for (; j < n; ++j) d[j] = f2h(Op::apply(h2f<false>(d[j]), q));
   }
   // acc is 64-byte aligned and j steps by 8 floats: aligned accumulator loads.
   template <class Op>
@@ -920,6 +953,16 @@ struct hw_bf16 {
   template <class Op, bool kCopy>
   CCLZ_TARGET_V3 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
     reduce_bf16_avx2<Op, kCopy>(d, c, a, b, n);
+  }
+  template <class Op>
+  CCLZ_TARGET_V3 static void scale(u16_u* d, std::size_t n, float q) noexcept {
+    const __m256 vq = _mm256_set1_ps(q);
+    std::size_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+      const __m256i v = load_i256(d + j);
+      store_i256(d + j, bf16_pack(vop<Op>(bf16_lo(v), vq), vop<Op>(bf16_hi(v), vq)));
+    }
+    for (; j < n; ++j) d[j] = f2b(Op::apply(b2f<false>(d[j]), q));
   }
   template <class Op>
   CCLZ_TARGET_V3 CCLZ_INLINE static void first(float* acc, const P* a, const P* b, std::size_t m) noexcept {
@@ -979,6 +1022,13 @@ struct hw512_f16 {
   CCLZ_TARGET_V4 static void narrow(u16_u* out, const f32_u* in, std::size_t n) noexcept {
     narrow_f16_512(out, in, n);
   }
+  template <class Op>
+  CCLZ_TARGET_V4 static void scale(u16_u* d, std::size_t n, float q) noexcept {
+    const __m512 vq = _mm512_set1_ps(q);
+    std::size_t j = 0;
+    for (; j + 16 <= n; j += 16) store_h16(d + j, vop512<Op>(load_h16(d + j, kFull16), vq), kFull16);
+    if (j < n) store_h16(d + j, vop512<Op>(load_h16(d + j, mask16(n - j)), vq), mask16(n - j));
+  }
   // One step each of first, middle and last; the loops below run whole
   // steps with kFull16 and a tail with its mask.
   template <class Op>
@@ -1033,6 +1083,18 @@ struct hw512_bf16 {
   template <class Op, bool kCopy>
   CCLZ_TARGET_V4 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
     reduce_bf16_512<Op, kCopy>(d, c, a, b, n);
+  }
+  template <class Op>
+  CCLZ_TARGET_V4 CCLZ_INLINE static void scale_step(P* d, __m512 q, __mmask32 k) noexcept {
+    const __m512i v = load_b32(d, k);
+    store_b32(d, bf16_join512(vop512<Op>(bf16_even512(v), q), vop512<Op>(bf16_odd512(v), q)), k);
+  }
+  template <class Op>
+  CCLZ_TARGET_V4 static void scale(u16_u* d, std::size_t n, float q) noexcept {
+    const __m512 vq = _mm512_set1_ps(q);
+    std::size_t j = 0;
+    for (; j + 32 <= n; j += 32) scale_step<Op>(d + j, vq, kFull32);
+    if (j < n) scale_step<Op>(d + j, vq, mask32(n - j));
   }
   template <class Op>
   CCLZ_TARGET_V4 CCLZ_INLINE static void first_step(float* acc, const P* a, const P* b, __mmask32 k) noexcept {
@@ -1157,6 +1219,76 @@ CCLZ_INLINE void many_any(void* dst, void* copy, const void* const* srcs, std::s
 }
 
 // ---------------------------------------------------------------------------
+// divide(): the last step of avg, over a rank's output or the share of it
+// the rank owns, compiled per variant like the reduce. Floats and integers
+// are plain loops; f16 and bf16 go through their policy's `scale`, the
+// reduce's vector conversions around one multiply or divide (the plain
+// loop at the baseline ran 2.4 (f16) and 8.3 (bf16) GB/s in the cache,
+// `scale` with avx512fp16 92 and 64; docs/performance.md). Integer
+// division has no SIMD form on x86.
+//
+// A power of two divides as a multiplication by its reciprocal: x / 2^k and
+// x * 2^-k are the same real number, rounded once either way, so the bits
+// agree (subnormal results, infinities and NaNs included), and the loop
+// runs at the multiplier's throughput instead of the divider's (avg of 2
+// bound ranks, 1 MB: 190 us against 76 for sum; docs/performance.md).
+CCLZ_INLINE bool power_of_two(int divisor) noexcept {
+  return divisor > 0 && std::has_single_bit(static_cast<unsigned>(divisor));
+}
+
+template <class T>
+CCLZ_INLINE void divide_float(void* dst, std::size_t n, int divisor) noexcept {
+  using P = unaligned_t<T>;
+  P* d = static_cast<P*>(dst);
+  const T q = static_cast<T>(divisor);
+  if (power_of_two(divisor)) {
+    const T r = T(1) / q;
+    for (std::size_t i = 0; i < n; ++i) d[i] = T(d[i]) * r;
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) d[i] = T(d[i]) / q;
+}
+
+// Halves through their policy (`scale`: vectors where the variant has them).
+template <class Half>
+CCLZ_INLINE void divide_half(void* dst, std::size_t n, int divisor) noexcept {
+  u16_u* d = static_cast<u16_u*>(dst);
+  const float q = static_cast<float>(divisor);
+  if (power_of_two(divisor)) return Half::template scale<op_prod>(d, n, 1.0f / q);
+  Half::template scale<op_quot>(d, n, q);
+}
+
+template <class T>
+CCLZ_INLINE void divide_int(void* dst, std::size_t n, int divisor) noexcept {
+  using U = std::make_unsigned_t<T>;
+  using P = unaligned_t<T>;
+  P* d = static_cast<P*>(dst);
+  if (divisor == 0) return;
+  if (divisor == -1) {  // x / -1 == -x, wrapping for the minimum (no UB)
+    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<U>(U{0} - static_cast<U>(T(d[i]))));
+    return;
+  }
+  // i8/u8 promote to int; i32/i64 divide in their own type (no overflow now).
+  using W = std::conditional_t<(sizeof(T) < sizeof(int)), int, T>;
+  const W q = static_cast<W>(divisor);
+  for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<W>(T(d[i])) / q);
+}
+
+template <class H>
+CCLZ_INLINE void divide_any(void* dst, std::size_t count, DataType dt, int divisor) noexcept {
+  switch (dt) {
+    case DataType::f32: return divide_float<float>(dst, count, divisor);
+    case DataType::f64: return divide_float<double>(dst, count, divisor);
+    case DataType::i8: return divide_int<std::int8_t>(dst, count, divisor);
+    case DataType::u8: return divide_int<std::uint8_t>(dst, count, divisor);
+    case DataType::i32: return divide_int<std::int32_t>(dst, count, divisor);
+    case DataType::i64: return divide_int<std::int64_t>(dst, count, divisor);
+    case DataType::f16: return divide_half<typename H::f16>(dst, count, divisor);
+    case DataType::bf16: return divide_half<typename H::bf16>(dst, count, divisor);
+  }
+}
+
+// ---------------------------------------------------------------------------
 // One set of entry points per instruction set. The bodies above are all
 // always_inline, so each entry point is compiled for its own target.
 #define CCLZ_DEFINE_VARIANT(NS, ATTR, H)                                                                   \
@@ -1185,6 +1317,9 @@ CCLZ_INLINE void many_any(void* dst, void* copy, const void* const* srcs, std::s
   ATTR void float_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) noexcept {                  \
     narrow_soft_u<conv_bf16>(reinterpret_cast<u16_u*>(dst), reinterpret_cast<const f32_u*>(src), n);       \
   }                                                                                                        \
+  ATTR void divide(void* dst, std::size_t n, DataType dt, int divisor) noexcept {                          \
+    divide_any<H>(dst, n, dt, divisor);                                                                    \
+  }                                                                                                        \
   }
 
 #define CCLZ_NO_ATTR
@@ -1200,7 +1335,7 @@ CCLZ_DEFINE_VARIANT(isa_avx512fp16, CCLZ_TARGET_V3, hw512fp16_halves)
 #define CCLZ_VARIANT_TABLE(NS, ISA)                                                                      \
   Variant {                                                                                              \
     ISA, &NS::reduce, &NS::reduce_many, &NS::half_to_float, &NS::float_to_half, &NS::bf16_to_float,      \
-        &NS::float_to_bf16                                                                               \
+        &NS::float_to_bf16, &NS::divide                                                                  \
   }
 
 constexpr Variant kGeneric = CCLZ_VARIANT_TABLE(isa_generic, Isa::generic);
@@ -1230,58 +1365,6 @@ const Variant* pick_best() noexcept {
   if (const Variant* v = variant(Isa::avx512)) return v;
   if (const Variant* v = variant(Isa::avx2)) return v;
   return &kGeneric;
-}
-
-// ---------------------------------------------------------------------------
-// divide(): runs once per avg, after the last reduce; plain loops, the float
-// ones vectorise at the baseline. Integer division has no SIMD form on x86.
-//
-// A power of two divides as a multiplication by its reciprocal: x / 2^k and
-// x * 2^-k are the same real number, rounded once either way, so the bits
-// agree (subnormal results, infinities and NaNs included), and the loop
-// runs at the multiplier's throughput instead of the divider's (avg of 2
-// bound ranks, 1 MB: 190 us against 76 for sum; docs/performance.md).
-bool power_of_two(int divisor) noexcept { return divisor > 0 && std::has_single_bit(static_cast<unsigned>(divisor)); }
-
-template <class T>
-void divide_float(void* dst, std::size_t n, int divisor) noexcept {
-  using P = unaligned_t<T>;
-  P* d = static_cast<P*>(dst);
-  const T q = static_cast<T>(divisor);
-  if (power_of_two(divisor)) {
-    const T r = T(1) / q;
-    for (std::size_t i = 0; i < n; ++i) d[i] = T(d[i]) * r;
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i) d[i] = T(d[i]) / q;
-}
-
-template <class Conv>
-void divide_half(void* dst, std::size_t n, int divisor) noexcept {
-  u16_u* d = static_cast<u16_u*>(dst);
-  const float q = static_cast<float>(divisor);
-  if (power_of_two(divisor)) {
-    const float r = 1.0f / q;
-    for (std::size_t i = 0; i < n; ++i) d[i] = Conv::narrow(Conv::widen(d[i]) * r);
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i) d[i] = Conv::narrow(Conv::widen(d[i]) / q);
-}
-
-template <class T>
-void divide_int(void* dst, std::size_t n, int divisor) noexcept {
-  using U = std::make_unsigned_t<T>;
-  using P = unaligned_t<T>;
-  P* d = static_cast<P*>(dst);
-  if (divisor == 0) return;
-  if (divisor == -1) {  // x / -1 == -x, wrapping for the minimum (no UB)
-    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<U>(U{0} - static_cast<U>(T(d[i]))));
-    return;
-  }
-  // i8/u8 promote to int; i32/i64 divide in their own type (no overflow now).
-  using W = std::conditional_t<(sizeof(T) < sizeof(int)), int, T>;
-  const W q = static_cast<W>(divisor);
-  for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<W>(T(d[i])) / q);
 }
 
 }  // namespace
@@ -1379,16 +1462,7 @@ bool reduce_many_stream(void* dst, void* copy, std::span<const void* const> srcs
 }
 
 void divide(void* dst, std::size_t count, DataType dt, int divisor) noexcept {
-  switch (dt) {
-    case DataType::f32: return divide_float<float>(dst, count, divisor);
-    case DataType::f64: return divide_float<double>(dst, count, divisor);
-    case DataType::i8: return divide_int<std::int8_t>(dst, count, divisor);
-    case DataType::u8: return divide_int<std::uint8_t>(dst, count, divisor);
-    case DataType::i32: return divide_int<std::int32_t>(dst, count, divisor);
-    case DataType::i64: return divide_int<std::int64_t>(dst, count, divisor);
-    case DataType::f16: return divide_half<conv_f16>(dst, count, divisor);
-    case DataType::bf16: return divide_half<conv_bf16>(dst, count, divisor);
-  }
+  best_variant().divide(dst, count, dt, divisor);
 }
 
 float half_to_float(std::uint16_t h) noexcept { return h2f(h); }

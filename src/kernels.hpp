@@ -104,6 +104,7 @@ struct Variant {
   void (*float_to_half)(const float* src, std::uint16_t* dst, std::size_t count) noexcept;
   void (*bf16_to_float)(const std::uint16_t* src, float* dst, std::size_t count) noexcept;
   void (*float_to_bf16)(const float* src, std::uint16_t* dst, std::size_t count) noexcept;
+  void (*divide)(void* dst, std::size_t count, DataType dt, int divisor) noexcept;
 };
 
 // nullptr when this build or this CPU lacks the variant.

@@ -867,43 +867,50 @@ T ref_int_div(T x, int d) {
   return static_cast<T>(static_cast<U>(static_cast<u128>(q)));
 }
 
-TEST(KernelsDivide, EveryDtypeAndDivisor) {
+TEST(KernelsDivide, EveryVariantDtypeAndDivisor) {
   std::mt19937_64 rng(3);
-  for (DataType dt : cclz::kAllDataTypes) {
-    const std::size_t es = cclz::dtype_size(dt);
-    // Powers of two (1 to 2^20) multiply by the reciprocal: the same bits.
-    for (int q : {1, 2, 3, 4, 7, 8, 64, 1 << 20, -1, -2, -3, 0}) {
-      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}, std::size_t{1001}}) {
-        SCOPED_TRACE(std::string(cclz::dtype_name(dt)) + " /" + std::to_string(q) + " n=" + std::to_string(n));
-        std::vector<unsigned char> in(n * es);
-        fill_random(dt, in.data(), n, rng);
-        std::vector<unsigned char> buf(n * es + 1 + 16, 0xa5);
-        unsigned char* p = buf.data() + 1;  // unaligned
-        copy_bytes(p, in.data(), n * es);
-        kernels::divide(p, n, dt, q);
-        for (std::size_t i = 0; i < n; ++i) {
-          const unsigned char* x = in.data() + i * es;
-          std::uint64_t want = 0;
-          switch (dt) {
-            case DataType::i8: want = static_cast<std::uint8_t>(q ? ref_int_div(load<std::int8_t>(x), q) : load<std::int8_t>(x)); break;
-            case DataType::u8: want = static_cast<std::uint8_t>(q ? ref_int_div(load<std::uint8_t>(x), q) : load<std::uint8_t>(x)); break;
-            case DataType::i32: want = static_cast<std::uint32_t>(q ? ref_int_div(load<std::int32_t>(x), q) : load<std::int32_t>(x)); break;
-            case DataType::i64: want = static_cast<std::uint64_t>(q ? ref_int_div(load<std::int64_t>(x), q) : load<std::int64_t>(x)); break;
-            case DataType::f32: want = std::bit_cast<std::uint32_t>(load<float>(x) / static_cast<float>(q)); break;
-            case DataType::f64: want = std::bit_cast<std::uint64_t>(load<double>(x) / static_cast<double>(q)); break;
-            case DataType::f16:
-            case DataType::bf16: want = ref_narrow(dt, ref_widen(dt, load<std::uint16_t>(x)) / static_cast<float>(q)); break;
+  for (const kernels::Variant* v : variants()) {
+    for (DataType dt : cclz::kAllDataTypes) {
+      const std::size_t es = cclz::dtype_size(dt);
+      // Powers of two (1 to 2^20) multiply by the reciprocal: the same bits.
+      for (int q : {1, 2, 3, 4, 7, 8, 64, 1 << 20, -1, -2, -3, 0}) {
+        for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}, std::size_t{1001}}) {
+          SCOPED_TRACE(std::string(kernels::isa_name(v->isa)) + " " + cclz::dtype_name(dt) + " /" +
+                       std::to_string(q) + " n=" + std::to_string(n));
+          std::vector<unsigned char> in(n * es);
+          fill_random(dt, in.data(), n, rng);
+          std::vector<unsigned char> buf(n * es + 1 + 16, 0xa5);
+          unsigned char* p = buf.data() + 1;  // unaligned
+          copy_bytes(p, in.data(), n * es);
+          v->divide(p, n, dt, q);
+          auto int_div = [q](auto x) { return q != 0 ? ref_int_div(x, q) : x; };  // 0: left as it is
+          for (std::size_t i = 0; i < n; ++i) {
+            const unsigned char* x = in.data() + i * es;
+            std::uint64_t want = 0;
+            switch (dt) {
+              case DataType::i8: want = static_cast<std::uint8_t>(int_div(load<std::int8_t>(x))); break;
+              case DataType::u8: want = static_cast<std::uint8_t>(int_div(load<std::uint8_t>(x))); break;
+              case DataType::i32: want = static_cast<std::uint32_t>(int_div(load<std::int32_t>(x))); break;
+              case DataType::i64: want = static_cast<std::uint64_t>(int_div(load<std::int64_t>(x))); break;
+              case DataType::f32: want = std::bit_cast<std::uint32_t>(load<float>(x) / static_cast<float>(q)); break;
+              case DataType::f64: want = std::bit_cast<std::uint64_t>(load<double>(x) / static_cast<double>(q)); break;
+              case DataType::f16:
+              case DataType::bf16:
+                want = ref_narrow(dt, ref_widen(dt, load<std::uint16_t>(x)) / static_cast<float>(q));
+                break;
+            }
+            const std::uint64_t got = load_bits(dt, p + i * es);
+            const bool ok = is_nan_bits(dt, want) ? is_quiet_nan_bits(dt, got) : got == want;
+            ASSERT_TRUE(ok) << "element " << i << " in " << hex(load_bits(dt, x)) << " want " << hex(want) << " got "
+                            << hex(got);
           }
-          const std::uint64_t got = load_bits(dt, p + i * es);
-          const bool ok = is_nan_bits(dt, want) ? is_quiet_nan_bits(dt, got) : got == want;
-          ASSERT_TRUE(ok) << "element " << i << " in " << hex(load_bits(dt, x)) << " want " << hex(want) << " got "
-                          << hex(got);
+          for (std::size_t j = 0; j < 16; ++j) ASSERT_EQ(buf[1 + n * es + j], 0xa5);
         }
-        for (std::size_t j = 0; j < 16; ++j) ASSERT_EQ(buf[1 + n * es + j], 0xa5);
       }
     }
   }
-  // Named: truncation toward zero, and the minimum divided by -1 wraps.
+  // The entry point (every rank's avg) through the best variant; named:
+  // truncation toward zero, and the minimum divided by -1 wraps.
   std::int32_t v[] = {7, -7, std::numeric_limits<std::int32_t>::min()};
   kernels::divide(v, 2, DataType::i32, 2);
   EXPECT_EQ(v[0], 3);
