@@ -29,8 +29,10 @@ const char* coll_name(CollKind k) noexcept;  // "all_reduce", ...
 // NCCL: all_reduce/broadcast/reduce `count` = whole buffer; reduce_scatter
 // `count` = per-rank result; all_gather `count` = per-rank input; all_to_all
 // `count` = per peer. `op` is never avg: the communicator turns avg into sum
-// and divides afterwards. In-place calls follow NCCL's conventions (see
-// cclz.hpp); algorithms must handle them.
+// and divides the result by the group size, itself after the algorithm, or,
+// for an algorithm whose descriptor `divides`, by passing that size as
+// `divisor`. In-place calls follow NCCL's conventions (see cclz.hpp);
+// algorithms must handle them.
 struct CollArgs {
   CollKind kind = CollKind::all_reduce;
   const void* sendbuf = nullptr;
@@ -39,6 +41,9 @@ struct CollArgs {
   DataType dt = DataType::f32;
   ReduceOp op = ReduceOp::sum;
   int root = 0;  // group rank of the root (broadcast, reduce)
+  // Under avg, for an algorithm that `divides`: the result is the sum
+  // divided by this, bitwise as kernels::divide on the sum. 1: no division.
+  int divisor = 1;
   // all_to_allv only, in elements, one entry per group rank.
   std::span<const std::size_t> send_counts, send_displs, recv_counts, recv_displs;
 
@@ -52,6 +57,10 @@ struct AlgorithmDesc {
   // Whether this algorithm can run this call on this group; null = always.
   bool (*supports)(const Group& g, const CollArgs& a);
   Status (*run)(Group& g, const CollArgs& a);
+  // Whether run() applies CollArgs::divisor itself: where each share of the
+  // result has one owner, the owner divides it while it is in the cache,
+  // instead of every rank making another pass over its whole output.
+  bool divides = false;
 };
 
 // The registry (registry.cpp).

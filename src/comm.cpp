@@ -3,8 +3,9 @@
 // Follows NCCL's and MPI's contract: every rank issues the same collectives
 // in the same order; a collective's sequence number (counted per
 // communicator) is therefore the same on every rank and keys its tags. avg
-// is sum followed by kernels::divide on every rank's identical bytes, so the
-// results stay bitwise identical.
+// is sum followed by kernels::divide, on every rank's identical bytes or, in
+// an algorithm that divides, on each share by its one owner, so the results
+// stay bitwise identical.
 //
 // Cost per collective on top of the algorithm: argument checks and the
 // tuner on the caller's thread (O(1), O(n) for all_to_allv), a Group built
@@ -545,8 +546,10 @@ Status Engine::run_collective(Task& t) {
     // that the first cause is what every later call reports.
     if (Status st = check_args(t, deadline); !st.ok()) return st;
   }
+  const bool avg = t.user_op == ReduceOp::avg, divides = avg && t.algo->divides;
+  if (divides) t.args.divisor = size_;
   if (Status st = t.algo->run(g, t.args); !st.ok()) return st;
-  if (t.user_op == ReduceOp::avg) {
+  if (avg && !divides) {
     const CollArgs& a = t.args;
     if (a.kind != CollKind::reduce || a.root == rank_) kernels::divide(a.recvbuf, a.count, a.dt, size_);
   }

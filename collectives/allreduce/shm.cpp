@@ -33,6 +33,12 @@
 // in place 126 -> 79 us, out of place 150 -> 123; docs/performance.md).
 // CPU work per rank: 1/n reduced, (n-1)/n copied, no staging.
 //
+// avg (CollArgs::divisor): whoever reduces a share divides it right after,
+// while it is in the cache, before anyone copies it: kernels::divide on the
+// sum, so the same bits as dividing every rank's whole output afterwards,
+// which as one more pass over the output cost an avg 1.3-1.7x a sum's time
+// from 1 MB (2 ranks; docs/performance.md).
+//
 // Cost: 2 (one hand-off) or 3 stages per chunk, chunks = bytes / chunk (a
 // slot or less, shm::chunk_bytes);
 // direct: the agreement's 2 hand-offs and the fence's 1.
@@ -75,6 +81,11 @@ struct ShareScratch {
   std::vector<std::byte> bytes;
 };
 
+// The divide step of avg on `count` elements of a share just reduced.
+void divide_share(void* p, std::size_t count, const CollArgs& a) noexcept {
+  if (a.divisor != 1) kernels::divide(p, count, a.dt, a.divisor);
+}
+
 // Elements reduced and pushed at a time on the direct path: the reduced
 // block is still in L1 when it is copied out to the peers.
 constexpr std::size_t kPushBlockBytes = 16 << 10;
@@ -97,6 +108,7 @@ Status run_direct_cma(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
     const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
     if (Status st = shm::read_sources(g, pb, at, bytes, B * es, scratch, srcs); !st.ok()) return st;
     kernels::reduce_many(out + at, srcs, bytes / es, a.dt, a.op);
+    divide_share(out + at, bytes / es, a);
     for (int q = 0; q < n; ++q) {
       if (q == me) continue;
       if (Status st = shm::peer_write(g, pb, q, pb.recv[static_cast<std::size_t>(q)] + at, out + at, bytes);
@@ -129,11 +141,16 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
     const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
     for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + at;
     std::byte* mine = pb.recv[static_cast<std::size_t>(me)] + at;
-    if (pair) {
+    if (pair && a.divisor == 1) {
       kernels::reduce_many_copy(mine, pb.recv[static_cast<std::size_t>(1 - me)] + at, srcs, bytes / es, a.dt, a.op);
       continue;
     }
     kernels::reduce_many(mine, srcs, bytes / es, a.dt, a.op);
+    divide_share(mine, bytes / es, a);
+    if (pair) {
+      shm::copy(pb.recv[static_cast<std::size_t>(1 - me)] + at, mine, bytes);
+      continue;
+    }
     for (int q = 0; q < n; ++q) {
       if (q != me) push(pb.recv[static_cast<std::size_t>(q)] + at, mine, bytes);
     }
@@ -186,6 +203,7 @@ Status run(Group& g, const CollArgs& a) {
       } else {
         for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = w.slot(q, slot);
         kernels::reduce_many(dst, srcs, a.count, a.dt, a.op);
+        divide_share(dst, a.count, a);
       }
     };
     return timed(shm::run_pipeline(g, sig, 1, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce"));
@@ -223,24 +241,30 @@ Status run(Group& g, const CollArgs& a) {
       for (int q = 0; q < n; ++q) {
         srcs[static_cast<std::size_t>(q)] = q == me ? src + (first + off) * es : w.slot(q, slot) + off * es;
       }
+      // The reduce's own pass streams the share out only where nothing
+      // (avg's division) comes between the sum and the copies.
+      const bool fuse = a.divisor == 1;
       if (stores.memory()) {
-        if (!kernels::reduce_many_stream(mine + off * es, dst + (first + off) * es, srcs, m, a.dt, a.op)) {
+        if (!fuse || !kernels::reduce_many_stream(mine + off * es, dst + (first + off) * es, srcs, m, a.dt, a.op)) {
           if (result == nullptr) {
             auto& scratch = w.local_state<ShareScratch>().bytes;
             if (scratch.size() < C * es) scratch.resize(C * es);
             result = scratch.data();
           }
           kernels::reduce_many(result, srcs, m, a.dt, a.op);
+          divide_share(result, m, a);
           shm::copy_and_stream(mine + off * es, dst + (first + off) * es, result, m * es, true);
         }
-      } else if (stream) {
-        // Through the cache: the slot by ordinary stores, the output
-        // streamed, in the reduce's own pass where a kernel does that.
-        own_fused = kernels::reduce_many_stream(mine + off * es, dst + (first + off) * es, srcs, m, a.dt, a.op,
-                                                false);
-        if (!own_fused) kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
       } else {
-        kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
+        // Through the cache: the slot by ordinary stores, a streamed output
+        // in the reduce's own pass where a kernel does that.
+        own_fused = fuse && stream &&
+                    kernels::reduce_many_stream(mine + off * es, dst + (first + off) * es, srcs, m, a.dt, a.op,
+                                                false);
+        if (!own_fused) {
+          kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
+          divide_share(mine + off * es, m, a);
+        }
       }
     } else {
       for (int q = 0; q < n; ++q) {
@@ -268,6 +292,7 @@ bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
 extern const AlgorithmDesc allreduce_shm;
 const AlgorithmDesc allreduce_shm = {
     CollKind::all_reduce, "shm",
-    "node-local shared memory: chunks reduced by share owners straight from the peers' slots", supports, run};
+    "node-local shared memory: chunks reduced by share owners straight from the peers' slots", supports, run,
+    true};
 
 }  // namespace cclz::coll

@@ -178,15 +178,16 @@ struct Shape {
 
 // mem_alloc buffers on every rank: calls from 300 KB (below the default
 // 1 MiB threshold: staged unless a run lowers it) to past the 4 MB
-// streaming size, several dtypes and ops, odd counts, in and out of place,
-// the shm algorithm and the tuned default.
+// streaming size, several dtypes and ops (avg too), odd counts, in and
+// out of place, the shm algorithm and the tuned default.
 TEST(Direct, RegisteredBuffersBitExact) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
   const int n = c->size();
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 300u << 10}, {DataType::bf16, ReduceOp::sum, 1u << 20},
                           {DataType::i32, ReduceOp::max, 2u << 20},   {DataType::f16, ReduceOp::prod, 700u << 10},
-                          {DataType::u8, ReduceOp::min, 600u << 10},  {DataType::f64, ReduceOp::sum, 5u << 20}};
+                          {DataType::u8, ReduceOp::min, 600u << 10},  {DataType::f64, ReduceOp::sum, 5u << 20},
+                          {DataType::bf16, ReduceOp::avg, 1536u << 10}};
   std::vector<std::uint64_t> hashes;
   std::uint64_t eligible_calls = 0;
   const std::uint64_t before = c->impl()->direct_calls();
@@ -239,7 +240,7 @@ TEST(Direct, OneHeapRankSendsEveryoneStaged) {
 
 // Heap buffers on every rank: the all-reduce, all-gather, all-to-all,
 // reduce-scatter, broadcast and reduce go through cross-memory attach where it applies (sizes around its bounds,
-// odd counts, several dtypes and ops, in and out of place), everything else
+// odd counts, several dtypes and ops, avg too, in and out of place), everything else
 // staged; every call bitwise against the reference. With CCLZ_SHM_CMA=0 on
 // the node's first rank (mpi-cma-first-0), nothing goes direct.
 TEST(Cma, HeapBuffersBitExact) {
@@ -249,7 +250,8 @@ TEST(Cma, HeapBuffersBitExact) {
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 200u << 10}, {DataType::f32, ReduceOp::sum, 300u << 10},
                           {DataType::bf16, ReduceOp::sum, 1u << 20},  {DataType::i32, ReduceOp::max, 3u << 20},
                           {DataType::f16, ReduceOp::prod, 700u << 10}, {DataType::f64, ReduceOp::min, 9u << 20},
-                          {DataType::u8, ReduceOp::sum, 40u << 20}};
+                          {DataType::u8, ReduceOp::sum, 40u << 20},   {DataType::f32, ReduceOp::avg, 600u << 10},
+                          {DataType::bf16, ReduceOp::avg, 24u << 20}};
   std::vector<std::uint64_t> hashes;
   std::uint64_t want = 0;
   const std::uint64_t before = c->impl()->direct_calls();
