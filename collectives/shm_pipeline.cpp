@@ -153,6 +153,10 @@ void stream_out(std::byte* slot, std::byte* out, const std::byte* src, std::size
 #endif
 }
 
+// reduce_divided's piece: a reduce's output and the divide's pass over it
+// stay in L1.
+constexpr std::size_t kDividePieceBytes = std::size_t{16} << 10;
+
 }  // namespace
 
 bool stream_outputs(const Group& g, std::size_t in_bytes, std::size_t out_bytes) {
@@ -164,6 +168,23 @@ std::size_t chunk_bytes(const detail::ShmWindow& w, bool stream, std::size_t cal
   if (stream || call_bytes <= slot) return slot;
   const auto half_l2 = static_cast<std::size_t>(w.l2_bytes() / 2);
   return std::min(slot, std::max(std::size_t{256} << 10, half_l2) / 4096 * 4096);
+}
+
+void reduce_divided(void* dst, std::span<const void* const> srcs, std::size_t count, DataType dt, ReduceOp op,
+                    int divisor) {
+  if (divisor == 1) return kernels::reduce_many(dst, srcs, count, dt, op);
+  const std::size_t es = dtype_size(dt), piece = std::max<std::size_t>(1, kDividePieceBytes / es);
+  if (count <= piece) {  // one piece: no pointers to move
+    kernels::reduce_many(dst, srcs, count, dt, op);
+    return kernels::divide(dst, count, dt, divisor);
+  }
+  std::vector<const void*> at(srcs.size());
+  for (std::size_t o = 0; o < count; o += piece) {
+    const std::size_t m = std::min(piece, count - o);
+    for (std::size_t q = 0; q < srcs.size(); ++q) at[q] = static_cast<const std::byte*>(srcs[q]) + o * es;
+    kernels::reduce_many(static_cast<std::byte*>(dst) + o * es, at, m, dt, op);
+    kernels::divide(static_cast<std::byte*>(dst) + o * es, m, dt, divisor);
+  }
 }
 
 void copy_stream(void* dst, const void* src, std::size_t n) noexcept {

@@ -81,11 +81,6 @@ struct ShareScratch {
   std::vector<std::byte> bytes;
 };
 
-// The divide step of avg on `count` elements of a share just reduced.
-void divide_share(void* p, std::size_t count, const CollArgs& a) noexcept {
-  if (a.divisor != 1) kernels::divide(p, count, a.dt, a.divisor);
-}
-
 // Elements reduced and pushed at a time on the direct path: the reduced
 // block is still in L1 when it is copied out to the peers.
 constexpr std::size_t kPushBlockBytes = 16 << 10;
@@ -107,8 +102,7 @@ Status run_direct_cma(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   for (std::size_t o = 0; o < m; o += B) {
     const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
     if (Status st = shm::read_sources(g, pb, at, bytes, B * es, scratch, srcs); !st.ok()) return st;
-    kernels::reduce_many(out + at, srcs, bytes / es, a.dt, a.op);
-    divide_share(out + at, bytes / es, a);
+    shm::reduce_divided(out + at, srcs, bytes / es, a.dt, a.op, a.divisor);
     for (int q = 0; q < n; ++q) {
       if (q == me) continue;
       if (Status st = shm::peer_write(g, pb, q, pb.recv[static_cast<std::size_t>(q)] + at, out + at, bytes);
@@ -145,8 +139,7 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
       kernels::reduce_many_copy(mine, pb.recv[static_cast<std::size_t>(1 - me)] + at, srcs, bytes / es, a.dt, a.op);
       continue;
     }
-    kernels::reduce_many(mine, srcs, bytes / es, a.dt, a.op);
-    divide_share(mine, bytes / es, a);
+    shm::reduce_divided(mine, srcs, bytes / es, a.dt, a.op, a.divisor);
     if (pair) {
       shm::copy(pb.recv[static_cast<std::size_t>(1 - me)] + at, mine, bytes);
       continue;
@@ -202,8 +195,7 @@ Status run(Group& g, const CollArgs& a) {
         shm::copy(w.slot(me, slot), src, bytes);
       } else {
         for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = w.slot(q, slot);
-        kernels::reduce_many(dst, srcs, a.count, a.dt, a.op);
-        divide_share(dst, a.count, a);
+        shm::reduce_divided(dst, srcs, a.count, a.dt, a.op, a.divisor);
       }
     };
     return timed(shm::run_pipeline(g, sig, 1, 2, body, [](int) { return shm::Deps::all(); }, "all_reduce"));
@@ -251,8 +243,7 @@ Status run(Group& g, const CollArgs& a) {
             if (scratch.size() < C * es) scratch.resize(C * es);
             result = scratch.data();
           }
-          kernels::reduce_many(result, srcs, m, a.dt, a.op);
-          divide_share(result, m, a);
+          shm::reduce_divided(result, srcs, m, a.dt, a.op, a.divisor);
           shm::copy_and_stream(mine + off * es, dst + (first + off) * es, result, m * es, true);
         }
       } else {
@@ -262,8 +253,7 @@ Status run(Group& g, const CollArgs& a) {
                     kernels::reduce_many_stream(mine + off * es, dst + (first + off) * es, srcs, m, a.dt, a.op,
                                                 false);
         if (!own_fused) {
-          kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
-          divide_share(mine + off * es, m, a);
+          shm::reduce_divided(mine + off * es, srcs, m, a.dt, a.op, a.divisor);
         }
       }
     } else {

@@ -6,6 +6,11 @@
 // staged); (2) the root copies every share's result into its output. The
 // same shares and order as the all-reduce, so both give the same bits.
 //
+// avg (CollArgs::divisor): whoever reduces a share divides it right after,
+// while it is in the cache (in a call of one hand-off, the root, which
+// reduces it all), and the root's output gets no pass afterwards;
+// kernels::divide on the sum, the same bits.
+//
 // Cost: 2 or 3 stages per chunk, chunks = bytes / slot.
 //
 // Direct path (shm_direct.hpp): each rank reduces its share straight from
@@ -35,7 +40,8 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   if (m == 0) return;
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
   for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + off * es;
-  kernels::reduce_many(pb.recv[static_cast<std::size_t>(a.root)] + off * es, srcs, m, a.dt, a.op);
+  std::byte* out = pb.recv[static_cast<std::size_t>(a.root)] + off * es;
+  shm::reduce_divided(out, srcs, m, a.dt, a.op, a.divisor);
 }
 
 // Where run_direct_cma reads the peers' parts of a block and a non-root
@@ -60,10 +66,10 @@ Status run_direct_cma(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
     const std::size_t at = (first + o) * es, len = std::min(B, m - o) * es;
     if (Status st = shm::read_sources(g, pb, at, len, B * es, scratch.sources, srcs); !st.ok()) return st;
     if (me == root) {
-      kernels::reduce_many(static_cast<std::byte*>(a.recvbuf) + at, srcs, len / es, a.dt, a.op);
+      shm::reduce_divided(static_cast<std::byte*>(a.recvbuf) + at, srcs, len / es, a.dt, a.op, a.divisor);
       continue;
     }
-    kernels::reduce_many(scratch.result.data(), srcs, len / es, a.dt, a.op);
+    shm::reduce_divided(scratch.result.data(), srcs, len / es, a.dt, a.op, a.divisor);
     const auto r = static_cast<std::size_t>(root);
     if (Status st = shm::peer_write(g, pb, root, pb.recv[r] + at, scratch.result.data(), len); !st.ok()) return st;
   }
@@ -98,7 +104,7 @@ Status run(Group& g, const CollArgs& a) {
         shm::copy(w.slot(me, slot), src, bytes);
       } else if (me == root) {
         for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = w.slot(q, slot);
-        kernels::reduce_many(dst, srcs, a.count, a.dt, a.op);
+        shm::reduce_divided(dst, srcs, a.count, a.dt, a.op, a.divisor);
       }
     };
     return shm::run_pipeline(g, sig, 1, 2, body, root_waits, "reduce");
@@ -120,7 +126,7 @@ Status run(Group& g, const CollArgs& a) {
       for (int q = 0; q < n; ++q) {
         srcs[static_cast<std::size_t>(q)] = q == me ? src + (first + off) * es : w.slot(q, slot) + off * es;
       }
-      kernels::reduce_many(mine + off * es, srcs, m, a.dt, a.op);
+      shm::reduce_divided(mine + off * es, srcs, m, a.dt, a.op, a.divisor);
     } else if (me == root) {
       for (int q = 0; q < n; ++q) {
         if (sh.size(q) != 0) {
@@ -141,6 +147,6 @@ bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
 extern const AlgorithmDesc reduce_shm;
 const AlgorithmDesc reduce_shm = {CollKind::reduce, "shm",
                                   "node-local shared memory: shares reduced from the peers' slots, gathered by the root",
-                                  supports, run};
+                                  supports, run, true};
 
 }  // namespace cclz::coll
