@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "kernels.hpp"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <emmintrin.h>

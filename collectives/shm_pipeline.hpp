@@ -26,7 +26,6 @@
 
 #include "algorithm.hpp"
 #include "allreduce/common.hpp"
-#include "kernels.hpp"
 #include "shm_window.hpp"
 #include "slot_stores.hpp"
 

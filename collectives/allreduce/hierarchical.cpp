@@ -68,7 +68,7 @@ Status hierarchical_allreduce(Group& g, const CollArgs& a, std::size_t slice_byt
   const std::size_t off = layout.off(local_index), len = layout.len(local_index);
   const auto sig = shm::call_sig(g, a, a.count);
   const Status rs = intra_rs.shm() != nullptr
-                        ? shm::reduce_scatter(intra_rs, sig, src, dst + off * es, layout, a.dt, a.op, 1)
+                        ? shm::reduce_scatter(intra_rs, sig, src, dst + off * es, layout, a.dt, a.op, /*divisor=*/1)
                         : ring_reduce_scatter(intra_rs, src, dst, layout, a.dt, a.op, slice_bytes);
   if (!rs.ok()) return rs;
 
