@@ -298,8 +298,9 @@ TEST_P(Matrix, BitExact) {
       }
     }
     if (p.algo.empty() || p.algo == "shm") {
-      // avg too where the collective reduces: the share owners divide
-      // before the streamed copies (allreduce/shm.cpp).
+      // avg too where the collective reduces: the rank that reduces a range
+      // divides it, before the all-reduce's streamed copies
+      // (shm::reduce_divided).
       std::vector<Big> streamed = {{DataType::f32, ReduceOp::sum}};
       if (info.reduces) streamed.push_back({DataType::bf16, ReduceOp::avg});
       for (const Big& b : streamed) {
