@@ -3,7 +3,9 @@
 // uses -a (averaging mode across ranks).
 #include "options.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <iterator>
 #include <cstdlib>
 #include <string_view>
 
@@ -18,6 +20,31 @@ bool parse_int(const std::string& s, long lo, long hi, int* out) {
   if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
   *out = static_cast<int>(v);
   return true;
+}
+
+// -d and -o: "all", or one name or several, comma-separated, each once
+// (tables come out in the order given). `parse` reads one name.
+template <class T, class Parse, std::size_t N>
+bool parse_list(const std::string& v, const char* what, Parse parse, const T (&all)[N], std::vector<T>* out,
+                std::string* error) {
+  out->clear();
+  if (v == "all") {
+    out->assign(std::begin(all), std::end(all));
+    return true;
+  }
+  for (std::size_t at = 0;;) {
+    const std::size_t comma = v.find(',', at);
+    const std::string name = v.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    T t{};
+    if (name.empty()) return *error = std::string("empty name in the ") + what + " list: '" + v + "'", false;
+    if (!parse(name, &t)) return *error = std::string("unknown ") + what + ": " + name, false;
+    if (std::find(out->begin(), out->end(), t) != out->end()) {
+      return *error = std::string(what) + " " + name + " given twice in '" + v + "'", false;
+    }
+    out->push_back(t);
+    if (comma == std::string::npos) return true;
+    at = comma + 1;
+  }
 }
 
 }  // namespace
@@ -63,8 +90,10 @@ Options (as nccl-tests unless marked cclz):
   -w, --warmup_iters N    untimed iterations before timing (default 5)
   -c, --check 0|1         fill exact inputs and count wrong outputs (default 1)
   -d, --datatype T|all    f32 f64 f16 bf16 i8 u8 i32 i64 (or float, half,
-                          bfloat16, int8, ...); all = every type (default f32)
-  -o, --op OP|all         sum prod max min avg; all = every op (default sum)
+                          bfloat16, int8, ...); all = every type (default f32);
+                          cclz: a comma-separated list, e.g. f32,bf16,f16
+  -o, --op OP|all         sum prod max min avg; all = every op (default sum);
+                          cclz: a comma-separated list too
   -r, --root R            root of broadcast and reduce (default 0)
   -A, --algorithm NAME    cclz: force an algorithm (e.g. ring); "all" runs every
                           registered algorithm for the collective (all of them
@@ -175,24 +204,10 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
       o.check = c != 0;
     } else if (name == "-d" || name == "--datatype") {
       if (!take(&v)) return false;
-      o.dtypes.clear();
-      if (v == "all") {
-        o.dtypes.assign(std::begin(kAllDataTypes), std::end(kAllDataTypes));
-      } else {
-        DataType t{};
-        if (!parse_dtype(v, &t)) return *error = "unknown data type: " + v, false;
-        o.dtypes.push_back(t);
-      }
+      if (!parse_list(v, "data type", parse_dtype, kAllDataTypes, &o.dtypes, error)) return false;
     } else if (name == "-o" || name == "--op") {
       if (!take(&v)) return false;
-      o.ops.clear();
-      if (v == "all") {
-        o.ops.assign(std::begin(kAllReduceOps), std::end(kAllReduceOps));
-      } else {
-        ReduceOp op{};
-        if (!parse_op(v, &op)) return *error = "unknown reduction op: " + v, false;
-        o.ops.push_back(op);
-      }
+      if (!parse_list(v, "reduction op", parse_op, kAllReduceOps, &o.ops, error)) return false;
     } else if (name == "-r" || name == "--root") {
       if (!take(&v)) return false;
       if (!parse_int(v, 0, 1 << 30, &o.root)) return *error = "bad root: " + v, false;
