@@ -1,0 +1,135 @@
+#!/usr/bin/python3
+"""cclz-perf and scripts/perf_tables.py end to end, on real ranks.
+
+  check_perf.py MPIEXEC CCLZ_PERF PERF_TABLES BUILD_DIR
+
+1. Every collective on 2 and 3 ranks, with exact inputs (-c 1), two types
+   and two ops given as lists, odd and zero sizes, the MPI baseline on: the
+   exit status is 0, the CSV holds one row per (type, op, size) as asked,
+   no element is wrong out of place or in place, and MPI's columns are
+   filled.
+2. Bad command lines end with status 2 and say what is wrong, before any
+   collective runs.
+3. perf_tables.py --plot: the markdown tables and a PNG of the curves.
+Each step bounds its own time; the first failure ends the test (exit 1).
+"""
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+
+MPIEXEC, PERF, TABLES, BUILD = sys.argv[1:5]
+TIMEOUT = 120
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print("FAIL:", msg, flush=True)
+
+
+def run(cmd):
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=TIMEOUT)
+    return res.returncode, res.stdout, res.stderr
+
+
+REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
+NO_IN_PLACE = {"all_to_all", "all_to_allv"}  # cclz-perf measures these out of place only
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce"]
+
+
+def check_sweep(tmp, coll, ranks):
+    path = os.path.join(tmp, f"{coll}-{ranks}.csv")
+    # -i 1000 from 0: sizes 0, 1000, 2000, 3000, so zero, odd element counts
+    # (bf16: 500, 1000, 1500) and sizes that are no multiple of a line.
+    cmd = [MPIEXEC, "-n", str(ranks), PERF, coll, "-c", "1", "-b", "0", "-e", "3000", "-i", "1000",
+           "-n", "2", "-w", "1", "-d", "f32,bf16", "-o", "sum,max", "-r", str(ranks - 1), "--csv", path]
+    rc, out, err = run(cmd)
+    if rc != 0:
+        fail(f"{' '.join(cmd)}: exit {rc}\n{out[-2000:]}\n{err[-2000:]}")
+    if not os.path.exists(path):
+        return fail(f"{' '.join(cmd)}: no CSV written")
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    ops = ["sum", "max"] if coll in REDUCING else ["none"]
+    # A collective whose buffers split into per-rank blocks rounds each size
+    # down to whole elements per rank: 1000 bytes of f32 on 3 ranks is 996.
+    quantum = 4 * ranks
+    for t in ("f32", "bf16"):
+        for o in ops:
+            got = sorted(int(r["bytes"]) for r in rows if (r["type"], r["redop"]) == (t, o))
+            ok = len(got) == 4 and got[0] == 0 and all(w - quantum < b <= w for b, w in zip(got, (0, 1000, 2000, 3000)))
+            if not ok:
+                fail(f"{coll} on {ranks} ranks, {t} {o}: sizes {got}, want 0, 1000, 2000, 3000 (or each rounded down)")
+    if len(rows) != 8 * len(ops):
+        fail(f"{coll} on {ranks} ranks: {len(rows)} rows, want {8 * len(ops)}")
+    for r in rows:
+        where = f"{coll} on {ranks} ranks, {r['type']} {r['redop']} {r['bytes']} B"
+        if r["oop_wrong"] != "0":
+            fail(f"{where}: {r['oop_wrong'] or 'no count of'} wrong out of place")
+        want_ip = "" if coll in NO_IN_PLACE else "0"
+        if r["ip_wrong"] != want_ip:
+            fail(f"{where}: in place wrong count {r['ip_wrong']!r}, want {want_ip!r}")
+        if int(r["bytes"]) > 0 and (r["mpi_time_us"] == "" or float(r["mpi_time_us"]) <= 0):
+            fail(f"{where}: no MPI baseline")
+        if int(r["bytes"]) > 0 and float(r["oop_time_us"]) <= 0:
+            fail(f"{where}: time {r['oop_time_us']}")
+
+
+def check_errors():
+    cases = [
+        (["all_reduce", "-d", "f32,f33"], "unknown data type: f33"),
+        (["all_reduce", "-d", "f32,,bf16"], "empty name in the data type list"),
+        (["all_reduce", "-d", "bf16,bfloat16"], "data type bfloat16 given twice"),
+        (["all_reduce", "-o", "sum,mean"], "unknown reduction op: mean"),
+        (["all_reduce", "-b", "64K", "-e", "4K"], "-b is larger than -e"),
+        (["all_gather", "-f", "1"], "bad step factor"),
+        (["all_reduce", "-A", "no-such-algorithm"], "no algorithm 'no-such-algorithm' for all_reduce"),
+        (["reduce", "-r", "2"], "root 2 is not a rank of 2"),
+        (["no_such_collective"], "unknown collective: no_such_collective"),
+        (["all_reduce", "--bogus"], "unknown option: --bogus"),
+    ]
+    for args, text in cases:
+        rc, out, err = run([MPIEXEC, "-n", "2", PERF] + args + ["--no-mpi"])
+        if rc != 2 or text not in err:
+            fail(f"cclz-perf {' '.join(args)}: exit {rc}, want 2 and '{text}' in stderr:\n{err[-1000:]}")
+        if "#wrong" in out:
+            fail(f"cclz-perf {' '.join(args)}: printed a table after a bad command line")
+
+
+def check_tables(tmp):
+    png = os.path.join(tmp, "curves.png")
+    cmd = [TABLES, "--runs", "2", "--ranks", "2", "--build", BUILD, "--mpiexec", MPIEXEC, "--plot", png, "all_reduce",
+           "-d", "f32,bf16", "-b", "4K", "-e", "16K", "-n", "2", "-w", "1"]
+    rc, out, err = run(cmd)
+    if rc != 0:
+        return fail(f"{' '.join(cmd)}: exit {rc}\n{out[-2000:]}\n{err[-2000:]}")
+    for dtype in ("f32", "bf16"):
+        head = f"**all_reduce, 2 ranks, {dtype} sum, algorithm: tuner, heap buffers** (median of 2 runs"
+        if head not in out:
+            fail(f"perf_tables: no table headed {head!r} in:\n{out}")
+    table_rows = [ln for ln in out.splitlines() if ln.startswith("| 4096 |") or ln.startswith("| 16384 |")]
+    if len(table_rows) != 4:
+        fail(f"perf_tables: {len(table_rows)} rows for 4096 and 16384 bytes, want 4:\n{out}")
+    try:
+        with open(png, "rb") as f:
+            head = f.read(24)
+    except OSError as e:
+        return fail(f"perf_tables --plot: {e}")
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or width < 300 or height < 200:
+        fail(f"perf_tables --plot: {png} is not a PNG of the curves ({head[:8]!r}, {width}x{height})")
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    check_errors()
+    for coll in COLLECTIVES:
+        for ranks in (2, 3):
+            check_sweep(tmp, coll, ranks)
+    check_tables(tmp)
+
+if failures:
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("all cclz-perf checks passed")
