@@ -2,7 +2,8 @@
 # The main job, a short tour on local defaults: installs what is missing,
 # builds cclz (release), then
 #   1. prints cclz-perf's all-reduce table (nccl-tests' columns, with the MPI
-#      baseline measured in the same run) on 4 local ranks;
+#      baseline measured in the same run) on 4 local ranks, and draws its
+#      bandwidth curves into results/main-<date>/all_reduce.png;
 #   2. runs a quick compressor convergence comparison (scripts/cclz-compare
 #      --compressors quick: none, bf16, ef+topk, int8, powersgd:rank=4; one
 #      seed, 300 steps of the reference GPT on 2 ranks) and prints its table
@@ -43,11 +44,26 @@ bind=()
 if (( ranks <= $(nproc) )) && [[ $launcher == *mpich* || $launcher == *hydra* ]]; then
   bind=(-bind-to core)
 fi
-"$launcher" "${bind[@]}" -n "$ranks" "$build/bench/cclz-perf" "$coll" "$@" </dev/null
+# The run's rows also go to results/<run>/, and its bandwidth curves (cclz
+# beside MPI and the roofline) are drawn from them there. Arguments given
+# to this script come after ours, so a --csv of the caller's wins (then no
+# plot).
+run=main-$(date +%Y%m%d-%H%M%S)
+results=results/$run
+mkdir -p "$results"
+"$launcher" "${bind[@]}" -n "$ranks" "$build/bench/cclz-perf" "$coll" --csv "$results/$coll.csv" "$@" </dev/null
+if [[ -s $results/$coll.csv ]]; then
+  bind_flag=()
+  (( ${#bind[@]} > 0 )) && bind_flag=(--bind)
+  if /usr/bin/python3 scripts/perf_tables.py --from-csv "$results/$coll.csv" --ranks "$ranks" "${bind_flag[@]}" \
+      --plot "$results/$coll.png" "$coll" > "$results/$coll.md"; then
+    echo "# bandwidth curves: $results/$coll.png (table: $results/$coll.md)"
+  fi
+fi
 
 if [[ ${CCLZ_COMPARE:-1} != 0 ]]; then
   echo
   echo "# quick compressor comparison: scripts/cclz-compare --compressors quick (2 ranks, 1 seed)"
   /usr/bin/python3 scripts/cclz-compare --build "$build" --compressors quick --seeds 1 \
-    --steps "${CCLZ_COMPARE_STEPS:-300}" --run "main-$(date +%Y%m%d-%H%M%S)" </dev/null
+    --steps "${CCLZ_COMPARE_STEPS:-300}" --run "$run" </dev/null
 fi

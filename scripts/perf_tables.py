@@ -8,7 +8,7 @@ side by side) before the median is taken.
 
   scripts/perf_tables.py [--runs 3] [--ranks 2] [--build build] [--bind]
                          [--buffers heap,mem_alloc] [--plot FILE.png]
-                         [--mpiexec LAUNCHER]
+                         [--mpiexec LAUNCHER] [--from-csv CSV]...
                          COLLECTIVE [cclz-perf options...]
 
 --bind passes `-bind-to core` to mpiexec (one rank per core; use it when the
@@ -28,6 +28,11 @@ type and op, and for the all-reduce the memory roofline where it binds. A
 single series is drawn out of place and in place. Lines are medians over
 the runs; the shaded band around each cclz line spans the runs' lowest and
 highest out-of-place busbw.
+
+--from-csv CSV (once per run: --from-csv a.csv --from-csv b.csv) makes the
+tables and plot from runs already made (cclz-perf --csv; --ranks and
+--bind then only label them) instead of running cclz-perf: scripts/main.sh
+plots its own run so.
 """
 import argparse
 import csv
@@ -154,7 +159,7 @@ def plot(path, args, groups, order, bw_note):
             if mpi_x:
                 text = " ".join(x for x, v in ((dtype, vary[1]), (op, vary[2])) if v)
                 ax.plot(mpi_x, mpi_y, marker="s", markersize=3, color="black", linestyle=styles[i % len(styles)],
-                        label="MPI" + (f" {text}" if text else "") + " (same runs)")
+                        label="MPI" + (f" {text}" if text else "") + (" (same run)" if args.runs == 1 else " (same runs)"))
         roof_x, roof_y = [], []
         for b in sizes:
             roof = median([num(r, "roof_busbw_gbs") for k in keys if k[4] == b for r in groups[k]
@@ -196,6 +201,8 @@ def main():
     p.add_argument("--timeout", type=int, default=1800, help="seconds per cclz-perf run")
     p.add_argument("--buffers", default="heap", help="comma-separated: heap, mem_alloc")
     p.add_argument("--plot", metavar="FILE.png", help="also draw the bandwidth curves into FILE.png")
+    p.add_argument("--from-csv", action="append", metavar="CSV",
+                   help="tables (and --plot) from this cclz-perf --csv file instead of running; once per run")
     p.add_argument("collective")
     args, extra = p.parse_known_args()
     if args.runs < 1:
@@ -213,21 +220,43 @@ def main():
     groups = {}  # (buffers, requested, type, op, bytes) -> list of rows
     order = []
     copy_bw = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.runs):
-            for kind in kinds:
-                reg = ["-R", "1" if kind == "mem_alloc" else "0"]
-                rows, bw = run_once(args, extra + reg, os.path.join(tmp, f"run{i}-{kind}.csv"))
-                if bw is not None:
-                    copy_bw.append(bw)
-                for row in rows:
-                    if row.get("supported") == "0":
-                        continue
-                    key = (kind, row["requested"], row["type"], row["redop"], int(row["bytes"]))
-                    if key not in groups:
-                        groups[key] = []
-                        order.append(key)
-                    groups[key].append(row)
+
+    def add(rows, kind):
+        for row in rows:
+            if row.get("supported") == "0":
+                continue
+            key = (kind, row["requested"], row["type"], row["redop"], int(row["bytes"]))
+            if key not in groups:
+                groups[key] = []
+                order.append(key)
+            groups[key].append(row)
+
+    if args.from_csv and len(kinds) != 1:
+        sys.exit("perf_tables: --from-csv takes one buffer kind (--buffers heap or mem_alloc)")
+    if args.from_csv:
+        # Runs already made (cclz-perf --csv): one file per run, of the
+        # buffer kind its rows were measured with.
+        for path in args.from_csv:
+            try:
+                with open(path) as f:
+                    rows = list(csv.DictReader(f))
+            except OSError as e:
+                sys.exit(f"perf_tables: {e}")
+            if not rows or "oop_busbw_gbs" not in rows[0]:
+                sys.exit(f"perf_tables: {path} has no cclz-perf rows")
+            if any(r["collective"] != args.collective for r in rows):
+                sys.exit(f"perf_tables: {path} is not a {args.collective} run")
+            add(rows, kinds[0])
+        args.runs = len(args.from_csv)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(args.runs):
+                for kind in kinds:
+                    reg = ["-R", "1" if kind == "mem_alloc" else "0"]
+                    rows, bw = run_once(args, extra + reg, os.path.join(tmp, f"run{i}-{kind}.csv"))
+                    if bw is not None:
+                        copy_bw.append(bw)
+                    add(rows, kind)
 
     tables = {}
     for key in order:

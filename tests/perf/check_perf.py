@@ -10,7 +10,8 @@
    filled.
 2. Bad command lines end with status 2 and say what is wrong, before any
    collective runs.
-3. perf_tables.py --plot: the markdown tables and a PNG of the curves.
+3. perf_tables.py --plot: the markdown tables and a PNG of the curves, from
+   its own runs and from a CSV of step 1 (--from-csv, as scripts/main.sh).
 Each step bounds its own time; the first failure ends the test (exit 1).
 """
 import csv
@@ -98,6 +99,17 @@ def check_errors():
             fail(f"cclz-perf {' '.join(args)}: printed a table after a bad command line")
 
 
+def check_png(path, what):
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError as e:
+        return fail(f"{what}: {e}")
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or width < 300 or height < 200:
+        fail(f"{what}: {path} is not a PNG of the curves ({head[:8]!r}, {width}x{height})")
+
+
 def check_tables(tmp):
     png = os.path.join(tmp, "curves.png")
     cmd = [TABLES, "--runs", "2", "--ranks", "2", "--build", BUILD, "--mpiexec", MPIEXEC, "--plot", png, "all_reduce",
@@ -112,14 +124,23 @@ def check_tables(tmp):
     table_rows = [ln for ln in out.splitlines() if ln.startswith("| 4096 |") or ln.startswith("| 16384 |")]
     if len(table_rows) != 4:
         fail(f"perf_tables: {len(table_rows)} rows for 4096 and 16384 bytes, want 4:\n{out}")
-    try:
-        with open(png, "rb") as f:
-            head = f.read(24)
-    except OSError as e:
-        return fail(f"perf_tables --plot: {e}")
-    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-    if head[:8] != b"\x89PNG\r\n\x1a\n" or width < 300 or height < 200:
-        fail(f"perf_tables --plot: {png} is not a PNG of the curves ({head[:8]!r}, {width}x{height})")
+    check_png(png, "perf_tables --plot")
+
+    # From step 1's CSV: a table per (type, op), no run of its own.
+    png = os.path.join(tmp, "from-csv.png")
+    cmd = [TABLES, "--from-csv", os.path.join(tmp, "reduce-3.csv"), "--ranks", "3", "--plot", png, "reduce"]
+    rc, out, err = run(cmd)
+    if rc != 0:
+        return fail(f"{' '.join(cmd)}: exit {rc}\n{out[-2000:]}\n{err[-2000:]}")
+    for t in ("f32", "bf16"):
+        for o in ("sum", "max"):
+            head = f"**reduce, 3 ranks, {t} {o}, algorithm: tuner, heap buffers** (median of 1 run"
+            if head not in out:
+                fail(f"perf_tables --from-csv: no table headed {head!r} in:\n{out}")
+    check_png(png, "perf_tables --from-csv --plot")
+    rc, out, err = run([TABLES, "--from-csv", os.path.join(tmp, "reduce-3.csv"), "all_gather"])
+    if rc == 0 or "is not a all_gather run" not in err:
+        fail(f"perf_tables --from-csv of a reduce run as all_gather: exit {rc}, stderr {err[-500:]!r}")
 
 
 with tempfile.TemporaryDirectory() as tmp:
