@@ -233,6 +233,14 @@ def main():
 
     if args.from_csv and len(kinds) != 1:
         sys.exit("perf_tables: --from-csv takes one buffer kind (--buffers heap or mem_alloc)")
+    if args.from_csv and extra:
+        sys.exit(f"perf_tables: --from-csv runs nothing, so cclz-perf options make no sense: {' '.join(extra)}")
+
+    def same_collective(a, b):  # cclz-perf also takes nccl-tests' spellings
+        spell = {"bcast": "broadcast"}
+        a, b = (spell.get(x, x).replace("_", "") for x in (a, b))
+        return a == b
+
     if args.from_csv:
         # Runs already made (cclz-perf --csv): one file per run, of the
         # buffer kind its rows were measured with.
@@ -244,7 +252,7 @@ def main():
                 sys.exit(f"perf_tables: {e}")
             if not rows or "oop_busbw_gbs" not in rows[0]:
                 sys.exit(f"perf_tables: {path} has no cclz-perf rows")
-            if any(r["collective"] != args.collective for r in rows):
+            if any(not same_collective(r["collective"], args.collective) for r in rows):
                 sys.exit(f"perf_tables: {path} is not a {args.collective} run")
             add(rows, kinds[0])
         args.runs = len(args.from_csv)
