@@ -76,6 +76,13 @@ def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
+def same_collective(a, b):
+    """Whether two spellings name one collective (cclz-perf also takes
+    nccl-tests' allreduce, bcast, ...)."""
+    a, b = ({"bcast": "broadcast"}.get(x, x).replace("_", "") for x in (a, b))
+    return a == b
+
+
 def runs_text(runs):
     return "1 run" if runs == 1 else f"{runs} runs"
 
@@ -195,8 +202,8 @@ def main():
     p.add_argument("--bind", action="store_true")
     # MPICH's launcher by its own name first: where Open MPI is installed too,
     # plain mpiexec may be its launcher, which cannot start MPICH programs.
-    p.add_argument("--mpiexec", default=next((shutil.which(x) for x in ("mpiexec.mpich", "mpiexec.hydra", "mpiexec")
-                                              if shutil.which(x)), "mpiexec"),
+    launchers = ("mpiexec.mpich", "mpiexec.hydra", "mpiexec")
+    p.add_argument("--mpiexec", default=next(filter(None, map(shutil.which, launchers)), "mpiexec"),
                    help="the MPI launcher (default: MPICH's, as scripts/main.sh)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per cclz-perf run")
     p.add_argument("--buffers", default="heap", help="comma-separated: heap, mem_alloc")
@@ -235,11 +242,6 @@ def main():
         sys.exit("perf_tables: --from-csv takes one buffer kind (--buffers heap or mem_alloc)")
     if args.from_csv and extra:
         sys.exit(f"perf_tables: --from-csv runs nothing, so cclz-perf options make no sense: {' '.join(extra)}")
-
-    def same_collective(a, b):  # cclz-perf also takes nccl-tests' spellings
-        spell = {"bcast": "broadcast"}
-        a, b = (spell.get(x, x).replace("_", "") for x in (a, b))
-        return a == b
 
     if args.from_csv:
         # Runs already made (cclz-perf --csv): one file per run, of the

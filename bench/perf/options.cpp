@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <iterator>
 #include <cstdlib>
+#include <iterator>
 #include <string_view>
 
 namespace cclz::perf {

@@ -12,7 +12,8 @@
    collective runs.
 3. perf_tables.py --plot: the markdown tables and a PNG of the curves, from
    its own runs and from a CSV of step 1 (--from-csv, as scripts/main.sh).
-Each step bounds its own time; the first failure ends the test (exit 1).
+Every command is bounded in time; every failure is reported, then the test
+exits 1 if there was any.
 """
 import csv
 import os
