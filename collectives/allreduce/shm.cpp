@@ -123,18 +123,41 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   // Two ranks: the result goes to the peer's output in the reduce's own pass
   // (reduce_many_copy stores each vector twice), with ordinary stores: in
   // place, the peer's lines were just read into this cache (a streamed copy
-  // after the reduce took 1.4-1.9x as long at 16-64 MB). More ranks: the
-  // block is copied from L1 to each peer, streamed for large calls (with 4
-  // ranks on 2 cores, the one-pass store to one of them measured 1.1-1.4x
-  // slower at 1-64 MB out of place).
+  // after the reduce took 1.4-1.9x as long at 16-64 MB). Out of place, once
+  // the node's buffers pass twice the last-level cache, both outputs are
+  // streamed instead, in the same pass (kernels::reduce_many_stream;
+  // otherwise from an L1 block): ordinary stores read every output line for
+  // ownership first, and the 64 MB call took 15-16 ms against 8 streamed.
+  // At 16 MB (buffers of twice the cache) the ordinary stores were still
+  // level for f32 and faster for bf16 and avg; at 32 MB streaming was
+  // 1.2-2.1x faster (docs/performance.md). More ranks: the block is copied
+  // from L1 to each peer, streamed for large calls (with 4 ranks on 2
+  // cores, the one-pass store to one of them measured 1.1-1.4x slower at
+  // 1-64 MB out of place).
   const bool pair = n == 2;
+  const bool in_place = a.sendbuf == a.recvbuf;
   const std::size_t whole = a.count * es;
-  auto push = shm::stream_outputs(g, a.sendbuf == a.recvbuf ? 0 : whole, whole) ? shm::copy_stream : shm::copy;
+  auto push = shm::stream_outputs(g, in_place ? 0 : whole, whole) ? shm::copy_stream : shm::copy;
+  const bool pair_streamed = pair && !in_place && 2 * whole > g.shm()->llc_bytes();
+  std::byte* block = nullptr;
+  if (pair_streamed) {
+    auto& scratch = g.shm()->local_state<ShareScratch>().bytes;
+    if (scratch.size() < B * es) scratch.resize(B * es);
+    block = scratch.data();
+  }
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
   for (std::size_t o = 0; o < m; o += B) {
     const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
     for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + at;
     std::byte* mine = pb.recv[static_cast<std::size_t>(me)] + at;
+    if (pair_streamed) {
+      std::byte* peer = pb.recv[static_cast<std::size_t>(1 - me)] + at;
+      if (a.divisor == 1 && kernels::reduce_many_stream(mine, peer, srcs, bytes / es, a.dt, a.op, true)) continue;
+      shm::reduce_divided(block, srcs, bytes / es, a.dt, a.op, a.divisor);
+      shm::copy_stream(mine, block, bytes);
+      shm::copy_stream(peer, block, bytes);
+      continue;
+    }
     if (pair && a.divisor == 1) {
       kernels::reduce_many_copy(mine, pb.recv[static_cast<std::size_t>(1 - me)] + at, srcs, bytes / es, a.dt, a.op);
       continue;
