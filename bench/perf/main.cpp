@@ -452,20 +452,24 @@ int run(int argc, char** argv) {
 
   // Copy bandwidth, measured once by rank 0 while the others sleep.
   {
-    double bw[3] = {0, 0, 0};
+    double bw[5] = {0, 0, 0, 0, 0};
     if (rank == 0) {
-      const CopyBandwidth one = measure_copy_bandwidth(1, std::size_t{256} << 20, 5, &cpus);
+      const CopyBandwidth one = measure_copy_bandwidth(1, std::size_t{256} << 20, 3, &cpus);
       const CopyBandwidth many =
-          info.copiers_n == 1 ? one : measure_copy_bandwidth(info.copiers_n, std::size_t{256} << 20, 5, &cpus);
+          info.copiers_n == 1 ? one : measure_copy_bandwidth(info.copiers_n, std::size_t{256} << 20, 3, &cpus);
       bw[0] = one.bytes_per_s;
       bw[1] = many.bytes_per_s;
       bw[2] = static_cast<double>(one.bytes_per_copier);
+      bw[3] = many.memcpy_bytes_per_s;
+      bw[4] = many.streamed_bytes_per_s;
     }
     MPI_Request req;
-    MPI_Ibcast(bw, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD, &req);
+    MPI_Ibcast(bw, 5, MPI_DOUBLE, 0, MPI_COMM_WORLD, &req);
     idle_wait(&req);
     info.copy_bw_1 = bw[0];
     info.copy_bw_n = bw[1];
+    info.copy_bw_n_memcpy = bw[3];
+    info.copy_bw_n_streamed = bw[4];
     info.copy_bytes = static_cast<std::size_t>(bw[2]);
   }
   if (rank == 0) print_header(stdout, info);

@@ -1,6 +1,11 @@
 // Memory-copy bandwidth of this machine, the yardstick for cclz-perf's
-// roofline (docs/performance.md): `copiers` threads each memcpy their own
-// buffer at the same time; bandwidth = bytes read + bytes written / time.
+// roofline (docs/performance.md): `copiers` threads each copy their own
+// buffer at the same time, once with memcpy and once with streaming stores
+// (the library's shm::copy_stream), and the faster counts: a roofline must
+// bound what the host can do, and which copy that is depends on the host
+// (glibc's memcpy streams only past a threshold it derives from the cache
+// size sysfs reports, which a VM may inflate). Bandwidth = bytes read +
+// bytes written / time.
 #pragma once
 
 #include <sched.h>
@@ -12,10 +17,13 @@ namespace cclz::perf {
 struct CopyBandwidth {
   int copiers = 1;
   std::size_t bytes_per_copier = 0;  // size of each copy
-  double bytes_per_s = 0;            // read + written, all copiers together, best run
+  double bytes_per_s = 0;            // read + written, all copiers together, best run of the faster copy
+  double memcpy_bytes_per_s = 0;     // the same, memcpy only
+  double streamed_bytes_per_s = 0;   // the same, streaming stores only
 };
 
-// Best of `reps` timed runs after one untimed run that faults the pages in.
+// Best of `reps` timed runs of each copy after one untimed run that faults
+// the pages in.
 // Buffers are at least 64 MiB per copier so they miss every cache level.
 // The copier threads run on `cpus` (when given), not on the caller's own
 // affinity, which a rank bound to one core would share with all of them.

@@ -78,9 +78,10 @@ void print_header(std::FILE* f, const RunInfo& i) {
                i.root, i.algorithm.c_str(), i.mpi ? "MPI (same run)" : "none");
   std::fprintf(f, "# host %s  buffers %s, %zu bytes past a 64-byte boundary\n", i.host.c_str(),
                i.registered ? "cclz::mem_alloc (-R 1: node-local peers read them in place)" : "heap (-R 0)", i.offset);
-  std::fprintf(f, "# copy bandwidth (bytes read + written, best of 5, %zu MB per copier): 1 copier %.2f GB/s, %d "
-               "concurrent %.2f GB/s\n",
-               i.copy_bytes >> 20, i.copy_bw_1 / kGB, i.copiers_n, i.copy_bw_n / kGB);
+  std::fprintf(f, "# copy bandwidth (bytes read + written, the faster of memcpy and a streamed copy, best of 3 each, "
+               "%zu MB per copier): 1 copier %.2f GB/s, %d concurrent %.2f GB/s (memcpy %.2f, streamed %.2f)\n",
+               i.copy_bytes >> 20, i.copy_bw_1 / kGB, i.copiers_n, i.copy_bw_n / kGB, i.copy_bw_n_memcpy / kGB,
+               i.copy_bw_n_streamed / kGB);
   std::fprintf(f, "# time = per-iteration average on each rank, max over ranks; GB = 1e9 bytes\n");
   if (i.roof) {
     std::fprintf(f, "# %%roof = busbw(out-of-place) / roofline busbw; roofline time = 2*n*size / (%d-copier "
@@ -227,8 +228,11 @@ bool write_json(const std::string& path, const RunInfo& i, const std::vector<Row
   std::fprintf(f, "  \"ranks\": %d, \"nodes\": %d, \"local_ranks\": %d, \"cores\": %d, \"host\": \"%s\",\n", i.nranks,
                i.nodes, i.local_ranks, i.cores, json_escape(i.host).c_str());
   std::fprintf(f, "  \"iters\": %d, \"warmup\": %d, \"check\": %s,\n", i.iters, i.warmup, i.check ? "true" : "false");
-  std::fprintf(f, "  \"copy_bw_1_gbs\": %s, \"copy_bw_n_gbs\": %s, \"copiers_n\": %d, \"llc_bytes\": %zu,\n",
-               num(i.copy_bw_1 / kGB).c_str(), num(i.copy_bw_n / kGB).c_str(), i.copiers_n, i.llc_bytes);
+  std::fprintf(f,
+               "  \"copy_bw_1_gbs\": %s, \"copy_bw_n_gbs\": %s, \"copy_bw_n_memcpy_gbs\": %s, "
+               "\"copy_bw_n_streamed_gbs\": %s, \"copiers_n\": %d, \"llc_bytes\": %zu,\n",
+               num(i.copy_bw_1 / kGB).c_str(), num(i.copy_bw_n / kGB).c_str(), num(i.copy_bw_n_memcpy / kGB).c_str(),
+               num(i.copy_bw_n_streamed / kGB).c_str(), i.copiers_n, i.llc_bytes);
   std::fprintf(f, "  \"time\": \"per-iteration average per rank, max over ranks\",\n  \"rows\": [\n");
   for (std::size_t k = 0; k < rows.size(); ++k) {
     const Row& r = rows[k];

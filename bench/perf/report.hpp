@@ -54,6 +54,8 @@ struct RunInfo {
   int root = 0;
   double copy_bw_1 = 0;       // bytes/s, one copier
   double copy_bw_n = 0;       // bytes/s, copiers_n concurrent copiers
+  double copy_bw_n_memcpy = 0;    // of which memcpy's
+  double copy_bw_n_streamed = 0;  // and the streamed copy's (copy_bw_n is the faster)
   int copiers_n = 1;
   std::size_t copy_bytes = 0; // per copier, single-copier run
   std::size_t llc_bytes = 0;  // last-level cache size (0 if unknown)
