@@ -165,6 +165,8 @@ bool stream_outputs(const Group& g, std::size_t in_bytes, std::size_t out_bytes)
   return static_cast<std::uint64_t>(g.size()) * (in_bytes + out_bytes) > g.shm()->llc_bytes();
 }
 
+bool stream_reduced(const Group& g, std::uint64_t node_bytes) { return node_bytes > 2 * g.shm()->llc_bytes(); }
+
 std::size_t chunk_bytes(const detail::ShmWindow& w, bool stream, std::size_t call_bytes) {
   const std::size_t slot = w.slot_bytes();
   if (stream || call_bytes <= slot) return slot;
@@ -186,6 +188,20 @@ void reduce_divided(void* dst, std::span<const void* const> srcs, std::size_t co
     for (std::size_t q = 0; q < srcs.size(); ++q) at[q] = static_cast<const std::byte*>(srcs[q]) + o * es;
     kernels::reduce_many(static_cast<std::byte*>(dst) + o * es, at, m, dt, op);
     kernels::divide(static_cast<std::byte*>(dst) + o * es, m, dt, divisor);
+  }
+}
+
+void reduce_divided_stream(void* dst, std::span<const void* const> srcs, std::size_t count, DataType dt,
+                           ReduceOp op, int divisor) {
+  if (divisor == 1 && kernels::reduce_many_stream(dst, nullptr, srcs, count, dt, op)) return;
+  const std::size_t es = dtype_size(dt), piece = std::max<std::size_t>(1, kDividePieceBytes / es);
+  alignas(64) std::byte block[kDividePieceBytes];
+  std::vector<const void*> at(srcs.size());
+  for (std::size_t o = 0; o < count; o += piece) {
+    const std::size_t m = std::min(piece, count - o);
+    for (std::size_t q = 0; q < srcs.size(); ++q) at[q] = static_cast<const std::byte*>(srcs[q]) + o * es;
+    reduce_divided(block, at, m, dt, op, divisor);
+    copy_stream(static_cast<std::byte*>(dst) + o * es, block, m * es);
   }
 }
 

@@ -132,6 +132,13 @@ struct Shares {
 void reduce_divided(void* dst, std::span<const void* const> srcs, std::size_t count, DataType dt, ReduceOp op,
                     int divisor);
 
+// reduce_divided with streaming stores to dst, for an output no one reads
+// from this core's cache next (a large out-of-place call's): in the
+// reduce's own pass where kernels::reduce_many_stream applies, otherwise a
+// piece at a time through L1. The same bits as reduce_divided.
+void reduce_divided_stream(void* dst, std::span<const void* const> srcs, std::size_t count, DataType dt,
+                           ReduceOp op, int divisor);
+
 // Elements per cache line for this element size (at least 1).
 inline std::size_t line_elems(std::size_t es) { return std::max<std::size_t>(1, 64 / es); }
 
@@ -155,6 +162,16 @@ void copy_and_stream(void* slot, void* out, const void* src, std::size_t n, bool
 // next call (2 ranks: 8 MB all-gathers, all-to-alls and all-reduces took
 // 0.44-0.75x the time they took streamed).
 bool stream_outputs(const Group& g, std::size_t in_bytes, std::size_t out_bytes);
+
+// Whether an out-of-place direct call streams the outputs it reduces into
+// (shm::reduce_divided_stream, kernels::reduce_many_stream): once the
+// node's buffers (`node_bytes`, every local rank's inputs and outputs) pass
+// twice the last-level cache. Ordinary stores read each output line for
+// ownership first; at twice the cache they were still level with streaming
+// for f32 and faster for bf16 and avg, beyond it streaming was 1.2-2.1x
+// faster (2 ranks: the all-reduce's 64 MB 15-16 -> 8 ms, reduce-scatter's
+// and reduce's 7.2-7.6 -> 5.6-6.1 ms; docs/performance.md).
+bool stream_reduced(const Group& g, std::uint64_t node_bytes);
 
 // The bytes of a slot one chunk of a call fills, for a call that copies
 // `call_bytes` (per rank) through the slots: the whole slot for a streamed

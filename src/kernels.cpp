@@ -448,25 +448,25 @@ CCLZ_TARGET_V3 void reduce_bf16_avx2(void* dst, void* copy, const void* a, const
 // reduce_many: sources folded left to right (the accumulator the first
 // operand), halves in f32 and rounded once.
 // kDst: d streamed too (false: an ordinary store, for a d its reader finds
-// in this core's cache).
-template <bool kDst>
+// in this core's cache). kCopy false: no c, d alone (streamed).
+template <bool kDst, bool kCopy>
 CCLZ_TARGET_V3 CCLZ_INLINE void stream2(std::byte* d, std::byte* c, __m128i v) noexcept {
   if constexpr (kDst) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(d), v);
   } else {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d), v);
   }
-  _mm_stream_si128(reinterpret_cast<__m128i*>(c), v);
+  if constexpr (kCopy) _mm_stream_si128(reinterpret_cast<__m128i*>(c), v);
 }
-template <bool kDst>
+template <bool kDst, bool kCopy>
 CCLZ_TARGET_V3 CCLZ_INLINE void stream2(std::byte* d, std::byte* c, __m256i v) noexcept {
-  stream2<kDst>(d, c, _mm256_castsi256_si128(v));
-  stream2<kDst>(d + 16, c + 16, _mm256_extracti128_si256(v, 1));
+  stream2<kDst, kCopy>(d, c, _mm256_castsi256_si128(v));
+  stream2<kDst, kCopy>(d + 16, kCopy ? c + 16 : c, _mm256_extracti128_si256(v, 1));
 }
 
 // Each returns how many elements it did (whole steps); d and c are 16-byte
 // aligned, k >= 2.
-template <class Op, bool kDst>
+template <class Op, bool kDst, bool kCopy>
 CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f32(std::byte* d, std::byte* c, const void* const* s,
                                                   std::size_t k, std::size_t n) noexcept {
   const auto at = [&](std::size_t j, std::size_t i) {
@@ -476,12 +476,12 @@ CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f32(std::byte* d, std::byte* c, co
   for (; i + 8 <= n; i += 8) {
     __m256 r = vop<Op>(at(0, i), at(1, i));
     for (std::size_t j = 2; j < k; ++j) r = vop<Op>(r, at(j, i));
-    stream2<kDst>(d + 4 * i, c + 4 * i, _mm256_castps_si256(r));
+    stream2<kDst, kCopy>(d + 4 * i, kCopy ? c + 4 * i : c, _mm256_castps_si256(r));
   }
   return i;
 }
 // Halves take two sources (reduce_many_stream declines more).
-template <class Op, bool kDst>
+template <class Op, bool kDst, bool kCopy>
 CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f16(std::byte* d, std::byte* c, const void* const* s,
                                                   std::size_t n) noexcept {
   const auto* pa = static_cast<const u16_u*>(s[0]);
@@ -489,11 +489,12 @@ CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f16(std::byte* d, std::byte* c, co
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 r = vop<Op>(load_h8(pa + i), load_h8(pb + i));
-    stream2<kDst>(d + 2 * i, c + 2 * i, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    stream2<kDst, kCopy>(d + 2 * i, kCopy ? c + 2 * i : c,
+                         _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   return i;
 }
-template <class Op, bool kDst>
+template <class Op, bool kDst, bool kCopy>
 CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_bf16(std::byte* d, std::byte* c, const void* const* s,
                                                    std::size_t n) noexcept {
   const auto* pa = static_cast<const u16_u*>(s[0]);
@@ -501,30 +502,30 @@ CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_bf16(std::byte* d, std::byte* c, c
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i va = load_i256(pa + i), vb = load_i256(pb + i);
-    stream2<kDst>(d + 2 * i, c + 2 * i,
-                  bf16_pack(vop<Op>(bf16_lo(va), bf16_lo(vb)), vop<Op>(bf16_hi(va), bf16_hi(vb))));
+    stream2<kDst, kCopy>(d + 2 * i, kCopy ? c + 2 * i : c,
+                         bf16_pack(vop<Op>(bf16_lo(va), bf16_lo(vb)), vop<Op>(bf16_hi(va), bf16_hi(vb))));
   }
   return i;
 }
-template <class Op, bool kDst>
+template <class Op, bool kDst, bool kCopy>
 CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_dt(std::byte* d, std::byte* c, const void* const* s,
                                                  std::size_t k, std::size_t n, DataType dt) noexcept {
   switch (dt) {
-    case DataType::f32: return stream_f32<Op, kDst>(d, c, s, k, n);
-    case DataType::f16: return stream_f16<Op, kDst>(d, c, s, n);
-    case DataType::bf16: return stream_bf16<Op, kDst>(d, c, s, n);
+    case DataType::f32: return stream_f32<Op, kDst, kCopy>(d, c, s, k, n);
+    case DataType::f16: return stream_f16<Op, kDst, kCopy>(d, c, s, n);
+    case DataType::bf16: return stream_bf16<Op, kDst, kCopy>(d, c, s, n);
     default: return 0;
   }
 }
-template <bool kDst>
+template <bool kDst, bool kCopy>
 CCLZ_TARGET_V3 std::size_t stream_steps(std::byte* d, std::byte* c, const void* const* s, std::size_t k,
                                         std::size_t n, DataType dt, ReduceOp op) noexcept {
   std::size_t done = 0;
   switch (op) {
-    case ReduceOp::sum: done = stream_dt<op_sum, kDst>(d, c, s, k, n, dt); break;
-    case ReduceOp::prod: done = stream_dt<op_prod, kDst>(d, c, s, k, n, dt); break;
-    case ReduceOp::min: done = stream_dt<op_min, kDst>(d, c, s, k, n, dt); break;
-    case ReduceOp::max: done = stream_dt<op_max, kDst>(d, c, s, k, n, dt); break;
+    case ReduceOp::sum: done = stream_dt<op_sum, kDst, kCopy>(d, c, s, k, n, dt); break;
+    case ReduceOp::prod: done = stream_dt<op_prod, kDst, kCopy>(d, c, s, k, n, dt); break;
+    case ReduceOp::min: done = stream_dt<op_min, kDst, kCopy>(d, c, s, k, n, dt); break;
+    case ReduceOp::max: done = stream_dt<op_max, kDst, kCopy>(d, c, s, k, n, dt); break;
     case ReduceOp::avg: break;
   }
   _mm_sfence();  // streaming stores are not ordered by a later release
@@ -1430,6 +1431,9 @@ bool reduce_many_stream(void* dst, void* copy, std::span<const void* const> srcs
   // (bench-kernels reduce_many_stream against reduce_then_stream), the
   // widening of every source then costing more than the second pass.
   const bool halves = dt != DataType::f32;
+  // One output (copy null) is streamed whatever dst_streamed says.
+  const bool one = copy == nullptr;
+  if (one) copy = dst;
   if (!has_avx2 || !typed || !op_ok || k < 2 || k > (halves ? 2 : kMaxStreamSources) ||
       (at(dst) - at(copy)) % 16 != 0 || at(copy) % es != 0) {
     return false;
@@ -1446,13 +1450,14 @@ bool reduce_many_stream(void* dst, void* copy, std::span<const void* const> srcs
   // that streaming stores fill whole lines from there (as shm::copy_stream),
   // and for the tail after the last whole step.
   const auto plain = [&](std::size_t e, std::size_t n) {
-    best_variant().reduce_many(d + e * es, c + e * es, from(e), k, n, dt, op);
+    best_variant().reduce_many(d + e * es, one ? nullptr : c + e * es, from(e), k, n, dt, op);
   };
   const std::size_t head = std::min(count, (64 - at(c) % 64) % 64 / es);
   plain(0, head);
-  const std::size_t done =
-      head + (dst_streamed ? stream_steps<true> : stream_steps<false>)(d + head * es, c + head * es, from(head), k,
-                                                                      count - head, dt, op);
+  const auto steps = one            ? stream_steps<true, false>
+                     : dst_streamed ? stream_steps<true, true>
+                                    : stream_steps<false, true>;
+  const std::size_t done = head + steps(d + head * es, c + head * es, from(head), k, count - head, dt, op);
   plain(done, count - done);
   return true;
 #else

@@ -60,7 +60,8 @@ void reduce_many_copy(void* dst, void* copy, std::span<const void* const> srcs, 
 // sources, more than kMaxStreamSources f32 or 2 f16/bf16 sources, or
 // outputs not 16-byte aligned alike ((dst - copy) % 16 != 0, or copy not
 // aligned to its element); the caller then takes two passes. dst and copy
-// may each alias a source exactly and must not overlap each other.
+// may each alias a source exactly and must not overlap each other. copy
+// nullptr: one output, dst, streamed (dst_streamed is then ignored).
 inline constexpr std::size_t kMaxStreamSources = 16;  // measured up to 16 (docs/performance.md)
 bool reduce_many_stream(void* dst, void* copy, std::span<const void* const> srcs, std::size_t count, DataType dt,
                         ReduceOp op, bool dst_streamed = true) noexcept;

@@ -127,20 +127,20 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   // the node's buffers pass twice the last-level cache, both outputs are
   // streamed instead, in the same pass (kernels::reduce_many_stream;
   // otherwise from an L1 block): ordinary stores read every output line for
-  // ownership first, and the 64 MB call took 15-16 ms against 8 streamed.
-  // At 16 MB (buffers of twice the cache) the ordinary stores were still
-  // level for f32 and faster for bf16 and avg; at 32 MB streaming was
-  // 1.2-2.1x faster (docs/performance.md). More ranks: the block is copied
-  // from L1 to each peer, streamed for large calls (with 4 ranks on 2
-  // cores, the one-pass store to one of them measured 1.1-1.4x slower at
-  // 1-64 MB out of place).
+  // ownership first, and the 64 MB call took 15-16 ms against 8 streamed
+  // (shm::stream_reduced). More ranks: the block is reduced in L1 and
+  // copied to each peer, streamed for large calls (with 4 ranks on 2 cores,
+  // the one-pass store to one of them measured 1.1-1.4x slower at 1-64 MB
+  // out of place), and then to this rank's own output too (4 ranks, 64 and
+  // 256 MB: 20.1-24.2 -> 18.8-19.5 ms and 77-86 -> 73.5-74.6 ms).
   const bool pair = n == 2;
   const bool in_place = a.sendbuf == a.recvbuf;
   const std::size_t whole = a.count * es;
   auto push = shm::stream_outputs(g, in_place ? 0 : whole, whole) ? shm::copy_stream : shm::copy;
-  const bool pair_streamed = pair && !in_place && 2 * whole > g.shm()->llc_bytes();
+  const bool pair_streamed = pair && !in_place && shm::stream_reduced(g, std::uint64_t{4} * whole);
+  const bool many_streamed = !pair && !in_place && push == shm::copy_stream;
   std::byte* block = nullptr;
-  if (pair_streamed) {
+  if (pair_streamed || many_streamed) {
     auto& scratch = g.shm()->local_state<ShareScratch>().bytes;
     if (scratch.size() < B * es) scratch.resize(B * es);
     block = scratch.data();
@@ -156,6 +156,11 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
       shm::reduce_divided(block, srcs, bytes / es, a.dt, a.op, a.divisor);
       shm::copy_stream(mine, block, bytes);
       shm::copy_stream(peer, block, bytes);
+      continue;
+    }
+    if (many_streamed) {
+      shm::reduce_divided(block, srcs, bytes / es, a.dt, a.op, a.divisor);
+      for (int q = 0; q < n; ++q) shm::copy_stream(pb.recv[static_cast<std::size_t>(q)] + at, block, bytes);
       continue;
     }
     if (pair && a.divisor == 1) {

@@ -32,6 +32,8 @@ constexpr std::size_t kSmallBytes = 32 << 10;
 
 // My share of the result, reduced from every rank's input into the root's
 // output. Only I touch that range of any buffer: in place at the root is safe.
+// Out of place past twice the cache the share is streamed there
+// (shm::stream_reduced).
 void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const int n = g.size(), me = g.rank();
   const std::size_t es = a.elem_size();
@@ -41,7 +43,9 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
   for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + off * es;
   std::byte* out = pb.recv[static_cast<std::size_t>(a.root)] + off * es;
-  shm::reduce_divided(out, srcs, m, a.dt, a.op, a.divisor);
+  const bool in_place = pb.recv[static_cast<std::size_t>(a.root)] == pb.send[static_cast<std::size_t>(a.root)];
+  const bool stream = !in_place && shm::stream_reduced(g, static_cast<std::uint64_t>(n + 1) * a.count * es);
+  (stream ? shm::reduce_divided_stream : shm::reduce_divided)(out, srcs, m, a.dt, a.op, a.divisor);
 }
 
 // Where run_direct_cma reads the peers' parts of a block and a non-root

@@ -19,6 +19,8 @@
 // Large calls whose buffers every rank can read in place (shm_direct.hpp)
 // skip the slots: each rank reduces its block straight from the n inputs,
 // in rank order, into its output (bitwise the staged result); 3 hand-offs.
+// Out of place past twice the cache the output is streamed
+// (shm::stream_reduced).
 #include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 
@@ -70,7 +72,10 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   for (int q = 0; q < n; ++q) {
     srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + static_cast<std::size_t>(me) * block;
   }
-  shm::reduce_divided(a.recvbuf, srcs, a.count, a.dt, a.op, a.divisor);
+  const bool in_place = a.recvbuf == static_cast<const std::byte*>(a.sendbuf) + static_cast<std::size_t>(me) * block;
+  const auto node = static_cast<std::uint64_t>(n) * (static_cast<std::uint64_t>(n) + 1) * block;
+  const bool stream = !in_place && shm::stream_reduced(g, node);
+  (stream ? shm::reduce_divided_stream : shm::reduce_divided)(a.recvbuf, srcs, a.count, a.dt, a.op, a.divisor);
 }
 
 // Where the cross-memory attach path reads the peers' pieces.

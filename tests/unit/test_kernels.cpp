@@ -752,12 +752,16 @@ TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
           // Every offset in a line: the streamed output starts on a line,
           // after up to 63 bytes stored ordinarily.
           for (std::size_t off = 0; off < 64; off += off < 16 ? es : 8) {
-            // alias: 0 distinct, 1 copy == the first source (in place), 2 dst == the last
-            for (int alias = 0; alias < 6; ++alias) {
-              const bool dst_streamed = alias < 3;
+            // place: 0 distinct, 1 copy == the first source (in place), 2 dst == the last;
+            // modes 6 and 7 stream dst alone (copy nullptr), places 0 and 2
+            for (int alias = 0; alias < 8; ++alias) {
+              const bool one = alias >= 6;
+              const bool dst_streamed = alias < 3 || one;
+              const int place = one ? (alias == 6 ? 0 : 2) : alias % 3;
               SCOPED_TRACE(std::string(cclz::dtype_name(dt)) + " " + cclz::op_name(op) + " k=" + std::to_string(k) +
                            " n=" + std::to_string(n) + " off=" + std::to_string(off) +
-                           " alias=" + std::to_string(alias % 3) + (dst_streamed ? " dst streamed" : " dst cached"));
+                           " alias=" + std::to_string(place) +
+                           (one ? " dst alone" : dst_streamed ? " dst streamed" : " dst cached"));
               std::vector<std::vector<unsigned char>> in(k, std::vector<unsigned char>(n * es));
               for (auto& v : in) fill_random(dt, v.data(), n, rng);
               const std::size_t span = (n * es + 128 + 63) / 64 * 64;  // room for off + 16 and a guard
@@ -768,13 +772,13 @@ TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
               unsigned char* base = store_.data() + (64 - reinterpret_cast<std::uintptr_t>(store_.data()) % 64) % 64;
               std::vector<unsigned char*> src(k);
               for (std::size_t j = 0; j < k; ++j) {
-                src[j] = base + j * span + (j == 0 || (alias % 3 == 2 && j == k - 1) ? off : (off + 2 * es * j) % 16);
+                src[j] = base + j * span + (j == 0 || (place == 2 && j == k - 1) ? off : (off + 2 * es * j) % 16);
                 copy_bytes(src[j], in[j].data(), n * es);
               }
               unsigned char* d = base + k * span + off + 16;
               unsigned char* c = base + (k + 1) * span + off;
-              if (alias % 3 == 1) c = src[0];
-              if (alias % 3 == 2) d = src[k - 1];
+              if (place == 1) c = src[0];
+              if (place == 2) d = src[k - 1];
               // What reduce_many_copy gives, from the same inputs elsewhere.
               std::vector<unsigned char> want(n * es + 1), want_copy(n * es + 1);
               std::vector<const void*> ins(k);
@@ -782,13 +786,17 @@ TEST(KernelsReduceManyStream, FoldsIntoBothOutputs) {
               kernels::reduce_many_copy(want.data(), want_copy.data(), ins, n, dt, op);
               std::vector<const void*> srcs(src.begin(), src.end());
               const bool streams = has_kernel && (dt == DataType::f32 || k == 2);
-              ASSERT_EQ(kernels::reduce_many_stream(d, c, srcs, n, dt, op, dst_streamed), streams);
+              ASSERT_EQ(kernels::reduce_many_stream(d, one ? nullptr : c, srcs, n, dt, op, dst_streamed), streams);
               if (!streams) continue;
               ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
               for (std::size_t i = 0; i < n; ++i) {
                 const std::uint64_t got = load_bits(dt, d + i * es), same = load_bits(dt, want.data() + i * es);
                 ASSERT_TRUE(got == same || (is_nan_bits(dt, got) && is_nan_bits(dt, same)))
                     << "element " << i << ": " << hex(got) << ", reduce_many_copy " << hex(same);
+              }
+              if (one) {  // the copy's place untouched
+                for (std::size_t g = 0; g < n * es + 16; ++g) ASSERT_EQ(c[g], 0xa5) << "copy byte " << g;
+                continue;
               }
               ASSERT_TRUE(n == 0 || std::memcmp(c, d, n * es) == 0);
               for (std::size_t g = 0; g < 16; ++g) ASSERT_EQ(c[n * es + g], 0xa5) << "byte " << g << " past copy";
