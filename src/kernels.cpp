@@ -448,7 +448,8 @@ CCLZ_TARGET_V3 void reduce_bf16_avx2(void* dst, void* copy, const void* a, const
 // reduce_many: sources folded left to right (the accumulator the first
 // operand), halves in f32 and rounded once.
 // kDst: d streamed too (false: an ordinary store, for a d its reader finds
-// in this core's cache). kCopy false: no c, d alone (streamed).
+// in this core's cache). kCopy false: d alone (streamed); c is then d and
+// never stored to.
 template <bool kDst, bool kCopy>
 CCLZ_TARGET_V3 CCLZ_INLINE void stream2(std::byte* d, std::byte* c, __m128i v) noexcept {
   if constexpr (kDst) {
@@ -461,7 +462,7 @@ CCLZ_TARGET_V3 CCLZ_INLINE void stream2(std::byte* d, std::byte* c, __m128i v) n
 template <bool kDst, bool kCopy>
 CCLZ_TARGET_V3 CCLZ_INLINE void stream2(std::byte* d, std::byte* c, __m256i v) noexcept {
   stream2<kDst, kCopy>(d, c, _mm256_castsi256_si128(v));
-  stream2<kDst, kCopy>(d + 16, kCopy ? c + 16 : c, _mm256_extracti128_si256(v, 1));
+  stream2<kDst, kCopy>(d + 16, c + 16, _mm256_extracti128_si256(v, 1));
 }
 
 // Each returns how many elements it did (whole steps); d and c are 16-byte
@@ -476,7 +477,7 @@ CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f32(std::byte* d, std::byte* c, co
   for (; i + 8 <= n; i += 8) {
     __m256 r = vop<Op>(at(0, i), at(1, i));
     for (std::size_t j = 2; j < k; ++j) r = vop<Op>(r, at(j, i));
-    stream2<kDst, kCopy>(d + 4 * i, kCopy ? c + 4 * i : c, _mm256_castps_si256(r));
+    stream2<kDst, kCopy>(d + 4 * i, c + 4 * i, _mm256_castps_si256(r));
   }
   return i;
 }
@@ -489,8 +490,7 @@ CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_f16(std::byte* d, std::byte* c, co
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 r = vop<Op>(load_h8(pa + i), load_h8(pb + i));
-    stream2<kDst, kCopy>(d + 2 * i, kCopy ? c + 2 * i : c,
-                         _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    stream2<kDst, kCopy>(d + 2 * i, c + 2 * i, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   return i;
 }
@@ -502,7 +502,7 @@ CCLZ_TARGET_V3 CCLZ_INLINE std::size_t stream_bf16(std::byte* d, std::byte* c, c
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i va = load_i256(pa + i), vb = load_i256(pb + i);
-    stream2<kDst, kCopy>(d + 2 * i, kCopy ? c + 2 * i : c,
+    stream2<kDst, kCopy>(d + 2 * i, c + 2 * i,
                          bf16_pack(vop<Op>(bf16_lo(va), bf16_lo(vb)), vop<Op>(bf16_hi(va), bf16_hi(vb))));
   }
   return i;

@@ -137,28 +137,20 @@ void run_direct(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const bool in_place = a.sendbuf == a.recvbuf;
   const std::size_t whole = a.count * es;
   auto push = shm::stream_outputs(g, in_place ? 0 : whole, whole) ? shm::copy_stream : shm::copy;
-  const bool pair_streamed = pair && !in_place && shm::stream_reduced(g, std::uint64_t{4} * whole);
-  const bool many_streamed = !pair && !in_place && push == shm::copy_stream;
-  std::byte* block = nullptr;
-  if (pair_streamed || many_streamed) {
-    auto& scratch = g.shm()->local_state<ShareScratch>().bytes;
-    if (scratch.size() < B * es) scratch.resize(B * es);
-    block = scratch.data();
-  }
+  const bool streamed =
+      !in_place && (pair ? shm::stream_reduced(g, std::uint64_t{4} * whole) : push == shm::copy_stream);
+  alignas(64) std::byte block[kPushBlockBytes];  // a streamed call's reduced block, in L1
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
   for (std::size_t o = 0; o < m; o += B) {
     const std::size_t at = (first + o) * es, bytes = std::min(B, m - o) * es;
     for (int q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = pb.send[static_cast<std::size_t>(q)] + at;
     std::byte* mine = pb.recv[static_cast<std::size_t>(me)] + at;
-    if (pair_streamed) {
-      std::byte* peer = pb.recv[static_cast<std::size_t>(1 - me)] + at;
-      if (a.divisor == 1 && kernels::reduce_many_stream(mine, peer, srcs, bytes / es, a.dt, a.op, true)) continue;
-      shm::reduce_divided(block, srcs, bytes / es, a.dt, a.op, a.divisor);
-      shm::copy_stream(mine, block, bytes);
-      shm::copy_stream(peer, block, bytes);
-      continue;
-    }
-    if (many_streamed) {
+    if (streamed) {
+      if (pair && a.divisor == 1 &&
+          kernels::reduce_many_stream(mine, pb.recv[static_cast<std::size_t>(1 - me)] + at, srcs, bytes / es, a.dt,
+                                      a.op, true)) {
+        continue;
+      }
       shm::reduce_divided(block, srcs, bytes / es, a.dt, a.op, a.divisor);
       for (int q = 0; q < n; ++q) shm::copy_stream(pb.recv[static_cast<std::size_t>(q)] + at, block, bytes);
       continue;
