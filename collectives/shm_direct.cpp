@@ -278,7 +278,7 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
     }
     if ((all_bits & kCmaProbed) != 0) {
       *direct = true;
-      w.count_direct();
+      w.count_direct(false);
       return {};
     }
     for (int r = 0; r < n && reached; ++r) {
@@ -316,7 +316,7 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
     }
     if (w.one_process()) {
       *direct = true;  // nothing was mapped: every rank succeeded alike
-      w.count_direct();
+      w.count_direct(true);
       return {};
     }
   }
@@ -336,7 +336,7 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
     return st;
   }
   *direct = all_reached;
-  if (all_reached) w.count_direct();
+  if (all_reached) w.count_direct(!via_cma);
   return {};
 }
 

@@ -189,6 +189,20 @@ cclzResult_t cclzMemFree(void* ptr) {
   });
 }
 
+cclzResult_t cclzRegisterBuffer(void* ptr, size_t size) {
+  return guarded("cclzRegisterBuffer", [&]() -> cclzResult_t {
+    if (Status st = cclz::register_buffer(ptr, size); !st.ok()) return fail(st);
+    return cclzSuccess;
+  });
+}
+
+cclzResult_t cclzDeregisterBuffer(void* ptr) {
+  return guarded("cclzDeregisterBuffer", [&]() -> cclzResult_t {
+    if (Status st = cclz::deregister_buffer(ptr); !st.ok()) return fail(st);
+    return cclzSuccess;
+  });
+}
+
 cclzResult_t cclzGetUniqueId(cclzUniqueId* uniqueId) {
   return guarded("cclzGetUniqueId", [&]() -> cclzResult_t {
     if (uniqueId == nullptr) return fail(Result::invalid_argument, "cclzGetUniqueId: null id");

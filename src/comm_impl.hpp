@@ -209,6 +209,9 @@ struct CommImpl {
   // Calls of this rank that read the node's peers' buffers in place
   // (collectives/shm_direct.hpp); 0 without a shared-memory window.
   std::uint64_t direct_calls() const noexcept { return window() ? window()->direct_calls() : 0; }
+  // Of those, the calls that mapped the peers' buffers (mem_alloc or
+  // registered memory), not cross-memory attach.
+  std::uint64_t mapped_calls() const noexcept { return window() ? window()->mapped_calls() : 0; }
   // How often a call woke this rank's sleeping worker thread (Engine::submit).
   std::uint64_t worker_kicks() const { return engine_->worker_kicks(); }
   // Calls of this rank that asked its node's peers whether to go direct.

@@ -166,10 +166,15 @@ class ShmWindow {
   // Whether the window's ranks are threads of this process (an anonymous
   // segment), sharing one address space.
   bool one_process() const noexcept;
-  // Calls of this rank that ran on the direct path (shm_direct.hpp): for
-  // tests and diagnostics.
-  void count_direct() noexcept { direct_calls_.fetch_add(1, std::memory_order_relaxed); }
+  // Calls of this rank that ran on the direct path (shm_direct.hpp), and of
+  // those the ones that mapped the peers' buffers (not cross-memory
+  // attach): for tests and diagnostics.
+  void count_direct(bool mapped) noexcept {
+    direct_calls_.fetch_add(1, std::memory_order_relaxed);
+    if (mapped) mapped_calls_.fetch_add(1, std::memory_order_relaxed);
+  }
   std::uint64_t direct_calls() const noexcept { return direct_calls_.load(std::memory_order_relaxed); }
+  std::uint64_t mapped_calls() const noexcept { return mapped_calls_.load(std::memory_order_relaxed); }
   // Calls of this rank that took part in the direct path's agreement,
   // whichever way it went.
   void count_direct_try() noexcept { direct_tries_.fetch_add(1, std::memory_order_relaxed); }
@@ -230,6 +235,7 @@ class ShmWindow {
   std::vector<int> pids_;
   std::atomic<bool> failed_{false};
   std::atomic<std::uint64_t> direct_calls_{0};
+  std::atomic<std::uint64_t> mapped_calls_{0};
   std::atomic<std::uint64_t> direct_tries_{0};
   Status fail_status_;  // written before failed_ is set
   std::deque<std::any> local_state_;

@@ -76,6 +76,11 @@ const char* cclzGetLastError(cclzComm_t comm);
  * in cclz.hpp). size 0 gives *ptr = NULL; cclzMemFree(NULL) does nothing. */
 cclzResult_t cclzMemAlloc(void** ptr, size_t size);
 cclzResult_t cclzMemFree(void* ptr);
+/* Makes a heap buffer readable in place by the node's ranks, as if it came
+ * from cclzMemAlloc, until cclzDeregisterBuffer (cclz::register_buffer in
+ * cclz.hpp: its pages move into shared memory at the same addresses). */
+cclzResult_t cclzRegisterBuffer(void* ptr, size_t size);
+cclzResult_t cclzDeregisterBuffer(void* ptr);
 
 /* Creation and teardown */
 cclzResult_t cclzGetUniqueId(cclzUniqueId* uniqueId);

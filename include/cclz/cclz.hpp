@@ -74,6 +74,34 @@ Status mem_alloc(void** ptr, std::size_t bytes);
 // freed already) is invalid_argument and frees nothing.
 Status mem_free(void* ptr);
 
+// Makes an existing heap buffer readable in place by the node's ranks, as
+// if it came from mem_alloc (NCCL's ncclCommRegister does this for the
+// buffers it is given): its pages are copied into a memfd, which is then
+// mapped over them at the same addresses, so the program sees the same
+// bytes where they were, and large node-local collectives on them copy
+// each byte once. Worth it for a buffer used in many calls (a gradient
+// bucket): registering costs a copy of the buffer. The buffer must be
+// whole pages (ptr and bytes multiples of the page size: aligned_alloc,
+// mmap), of private anonymous read-write memory (the heap, anonymous
+// mmap), since the pages move; registering a range inside a mem_alloc
+// buffer does nothing, and one inside a registered buffer (at any
+// alignment) counts one registration more; overlapping registrations merge.
+// While registered the pages are shared, not copied on write, with a child
+// forked meanwhile. No other thread may write the buffer during the call.
+// Errors: invalid_argument (null pointer, 0 bytes, not whole pages, memory
+// that is not private anonymous read-write, a range overlapping a mem_alloc
+// buffer in part), system_error (out of shared memory); the buffer is
+// untouched then.
+Status register_buffer(void* ptr, std::size_t bytes);
+// Undoes one register_buffer; `ptr` may be any address inside the range.
+// With the last registration gone the pages become private again, with
+// the same bytes. A registered buffer must be deregistered before it is
+// freed: a collective that finds one freed (its first page no longer
+// shared) warns and takes the staged path, but only that page is checked.
+// Errors: invalid_argument (null, or not in a registered buffer or a
+// mem_alloc one).
+Status deregister_buffer(void* ptr);
+
 class Comm {
  public:
   // Makes a rendezvous token and starts, in this process, the service that

@@ -187,11 +187,13 @@ struct PreMulSum {
 };
 
 // What ncclCommRegister's handle holds: the range, and the real NCCL's
-// handle when the buffer is device memory registered there.
+// handle when the buffer is device memory registered there, or whether the
+// host buffer was registered with cclz::register_buffer.
 struct Registration {
   void* buff;
   std::size_t size;
   void* real = nullptr;
+  bool host = false;
 };
 
 struct CompressedEntry {
@@ -998,9 +1000,10 @@ CCLZ_EXPORT ncclResult_t ncclMemFree(void* ptr) {
   return from_status(cclz::mem_free(ptr));
 }
 
-// Registration is a hint in NCCL; cclz needs none for host buffers, so the
-// handle only records the range. Device buffers are registered with the
-// real NCCL under the fallback.
+// A host buffer is registered with cclz::register_buffer: its pages move
+// into shared memory in place, and the node's ranks then read it directly
+// (ncclMemAlloc memory needs nothing more). Device buffers are registered
+// with the real NCCL under the fallback.
 CCLZ_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (handle == nullptr || (buff == nullptr && size > 0)) return fail(ncclInvalidArgument, "handle or buff is NULL");
@@ -1011,6 +1014,9 @@ CCLZ_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, siz
     if (real_nccl().comm_register == nullptr) return real_missing("ncclCommRegister");
     if (ncclResult_t r = real_nccl().comm_register(comm->real, buff, size, &reg->real); r != ncclSuccess)
       return real_result(r);
+  } else if (size > 0) {
+    if (cclz::Status st = cclz::register_buffer(buff, size); !st.ok()) return from_status(st);
+    reg->host = true;
   }
   *handle = reg.release();
   return ncclSuccess;
@@ -1023,6 +1029,7 @@ CCLZ_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle)
   if (reg->real != nullptr && real_nccl().comm_deregister != nullptr) {
     return real_result(real_nccl().comm_deregister(comm->real, reg->real));
   }
+  if (reg->host) return from_status(cclz::deregister_buffer(reg->buff));
   return ncclSuccess;
 }
 

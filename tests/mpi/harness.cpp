@@ -1,11 +1,14 @@
 // Implementation of the multi-rank test helpers (see harness.hpp).
 #include "harness.hpp"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -118,13 +121,25 @@ bool names_rank(std::string_view msg, int r) {
 
 std::string rank_tag() { return "rank " + std::to_string(world_rank()) + "/" + std::to_string(world_size()); }
 
-Guarded::Guarded(std::size_t bytes, bool registered) : bytes_(bytes), registered_(registered) {
+Guarded::Guarded(std::size_t bytes, Memory memory) : bytes_(bytes), memory_(memory) {
   const std::size_t total = bytes + 2 * kGuard;
-  if (registered) {
+  if (memory == Memory::mem_alloc) {
     void* p = nullptr;
     const Status st = mem_alloc(&p, total);
     if (!st.ok()) throw std::runtime_error(st.to_string());
     mem_ = static_cast<std::byte*>(p);
+  } else if (memory == Memory::registered_heap) {
+    // Whole pages, as register_buffer asks.
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t pages = (total + page - 1) / page * page;
+    mem_ = static_cast<std::byte*>(std::aligned_alloc(page, pages));
+    if (mem_ == nullptr) throw std::bad_alloc();
+    std::memset(mem_, kGuardByte, pages);
+    const Status st = register_buffer(mem_, pages);
+    if (!st.ok()) {
+      std::free(mem_);
+      throw std::runtime_error(st.to_string());
+    }
   } else {
     heap_.resize(total);
     mem_ = heap_.data();
@@ -134,8 +149,11 @@ Guarded::Guarded(std::size_t bytes, bool registered) : bytes_(bytes), registered
 }
 
 Guarded::~Guarded() {
-  if (registered_) {
+  if (memory_ == Memory::mem_alloc) {
     EXPECT_TRUE(mem_free(mem_).ok());
+  } else if (memory_ == Memory::registered_heap) {
+    EXPECT_TRUE(deregister_buffer(mem_).ok());
+    std::free(mem_);
   }
 }
 

@@ -52,16 +52,22 @@ bool names_rank(std::string_view msg, int r);
 // "rank 2/4" prefix for this process's lines.
 std::string rank_tag();
 
+// Where a test buffer lives: the heap; cclz::mem_alloc, whose buffers the
+// node's ranks read in place; or the heap made readable in place by
+// cclz::register_buffer.
+enum class Memory { heap, mem_alloc, registered_heap };
+
 // A test buffer with guard bytes on both sides, so writes past either end
-// show; filled with 0xA5. From the heap, or (registered) from
-// cclz::mem_alloc, whose buffers the node's ranks read in place.
+// show; filled with 0xA5. `registered`: mem_alloc memory.
 class Guarded {
  public:
   static constexpr std::size_t kGuard = 64;
   static constexpr unsigned char kGuardByte = 0xC3;
   static constexpr unsigned char kFillByte = 0xA5;
 
-  explicit Guarded(std::size_t bytes, bool registered = false);
+  explicit Guarded(std::size_t bytes, bool registered = false)
+      : Guarded(bytes, registered ? Memory::mem_alloc : Memory::heap) {}
+  Guarded(std::size_t bytes, Memory memory);
   ~Guarded();
   Guarded(const Guarded&) = delete;
   Guarded& operator=(const Guarded&) = delete;
@@ -72,7 +78,7 @@ class Guarded {
 
  private:
   std::size_t bytes_;
-  bool registered_;
+  Memory memory_;
   std::vector<std::byte> heap_;
   std::byte* mem_ = nullptr;
 };

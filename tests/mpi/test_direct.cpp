@@ -86,14 +86,15 @@ bool cma_eligible(Comm& c, const CollCase& cc, bool in_place) {
 // then unusable); an algorithm the communicator does not offer for the call
 // is skipped. *eligible: whether shm runs the call and its direct path
 // takes such calls when every rank's buffers can be mapped.
-bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const std::string& algo,
+bool run_one(Comm& c, const CollCase& cc, bool in_place, Memory memory, const std::string& algo,
              std::vector<std::uint64_t>* hashes, bool* eligible) {
   const int rank = c.rank();
   const std::size_t es = dtype_size(cc.dt);
   const testing::BufferCounts bc = testing::buffer_counts(cc, rank);
   std::string label = std::string(testing::coll_info(cc.kind).name) + " algo=" + (algo.empty() ? "default" : algo) +
                       " " + dtype_name(cc.dt) + " count=" + std::to_string(cc.count) +
-                      (in_place ? " in-place" : " out-of-place") + (registered ? " mem_alloc" : " heap");
+                      (in_place ? " in-place" : " out-of-place") +
+                      (memory == Memory::heap ? " heap" : memory == Memory::mem_alloc ? " mem_alloc" : " registered heap");
   CallOptions opt;
   opt.algorithm = algo;
   std::string ran;
@@ -119,7 +120,7 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const 
   bool guards = true, untouched = true;
   std::uint64_t hash = 0;
   if (!in_place) {
-    Guarded send(bc.send * es, registered), recv(bc.recv * es, registered);
+    Guarded send(bc.send * es, memory), recv(bc.recv * es, memory);
     testing::fill_input(cc, rank, send.data());
     const std::uint64_t before = fnv1a(send.data(), bc.send * es);
     st = issue(c, cc, send.data(), recv.data(), opt).wait();
@@ -131,7 +132,7 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const 
     }
   } else {
     const testing::InPlaceLayout lay = testing::in_place_layout(cc, rank);
-    Guarded buf(lay.buffer_count * es, registered);
+    Guarded buf(lay.buffer_count * es, memory);
     testing::fill_input(cc, rank, buf.data() + lay.send_offset * es);
     st = issue(c, cc, buf.data() + lay.send_offset * es, buf.data() + lay.recv_offset * es, opt).wait();
     if (st.ok()) {
@@ -149,6 +150,11 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const 
   EXPECT_TRUE(untouched) << rank_tag() << ": " << label << ": modified the send buffer";
   if (cc.kind == CollKind::all_reduce || cc.kind == CollKind::all_gather) hashes->push_back(hash);
   return true;
+}
+
+bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const std::string& algo,
+             std::vector<std::uint64_t>* hashes, bool* eligible) {
+  return run_one(c, cc, in_place, registered ? Memory::mem_alloc : Memory::heap, algo, hashes, eligible);
 }
 
 void expect_same_everywhere(const std::vector<std::uint64_t>& hashes) {
@@ -176,11 +182,13 @@ struct Shape {
   std::size_t bytes;
 };
 
-// mem_alloc buffers on every rank: calls from 300 KB (below the default
-// 1 MiB threshold: staged unless a run lowers it) to past the 4 MB
-// streaming size, several dtypes and ops (avg too), odd counts, in and
-// out of place, the shm algorithm and the tuned default.
-TEST(Direct, RegisteredBuffersBitExact) {
+// Buffers every rank can read in place (`memory`: mem_alloc, or heap
+// buffers registered with register_buffer) on every rank: calls from 300 KB
+// (below the default 1 MiB threshold: staged unless a run lowers it) to past
+// the 4 MB streaming size, several dtypes and ops (avg too), odd counts, in
+// and out of place, the shm algorithm and the tuned default. Every eligible
+// call must go direct.
+void in_place_readable_bit_exact(Memory memory) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
   const int n = c->size();
@@ -190,7 +198,7 @@ TEST(Direct, RegisteredBuffersBitExact) {
                           {DataType::bf16, ReduceOp::avg, 1536u << 10}};
   std::vector<std::uint64_t> hashes;
   std::uint64_t eligible_calls = 0;
-  const std::uint64_t before = c->impl()->direct_calls();
+  const std::uint64_t before = c->impl()->direct_calls(), mapped_before = c->impl()->mapped_calls();
   for (CollKind kind : kKinds) {
     const testing::CollInfo& info = testing::coll_info(kind);
     for (const std::string algo : {"", "shm"}) {
@@ -200,7 +208,7 @@ TEST(Direct, RegisteredBuffersBitExact) {
           if (in_place && !info.has_in_place) continue;
           CollCase cc{kind, s.dt, info.reduces ? s.op : ReduceOp::sum, count, 0, n};
           bool eligible = false;
-          ASSERT_TRUE(run_one(*c, cc, in_place, true, algo, &hashes, &eligible));
+          ASSERT_TRUE(run_one(*c, cc, in_place, memory, algo, &hashes, &eligible));
           eligible_calls += eligible;
         }
       }
@@ -208,13 +216,21 @@ TEST(Direct, RegisteredBuffersBitExact) {
   }
   expect_same_everywhere(hashes);
   const std::uint64_t direct = c->impl()->direct_calls() - before;
+  const std::uint64_t mapped = c->impl()->mapped_calls() - mapped_before;
   if (direct_expected(*c)) {
     EXPECT_GT(eligible_calls, 0u) << rank_tag() << ": no call reached the shm algorithm";
     EXPECT_EQ(direct, eligible_calls) << rank_tag() << ": calls that should have read the peers' buffers in place";
+    EXPECT_EQ(mapped, eligible_calls) << rank_tag() << ": calls that went through cross-memory attach instead";
   } else {
     EXPECT_EQ(direct, 0u) << rank_tag() << ": the direct path ran where it should not";
   }
 }
+
+TEST(Direct, RegisteredBuffersBitExact) { in_place_readable_bit_exact(Memory::mem_alloc); }
+
+// Heap buffers made readable in place by register_buffer go direct exactly
+// as mem_alloc ones do.
+TEST(Direct, HeapRegisteredBitExact) { in_place_readable_bit_exact(Memory::registered_heap); }
 
 // Rank 0's buffers are heap memory, the others' mem_alloc: no rank can map
 // rank 0's buffers, so every rank must take the staged path, exactly, or,
@@ -254,7 +270,7 @@ TEST(Cma, HeapBuffersBitExact) {
                           {DataType::bf16, ReduceOp::avg, 17u << 20}};
   std::vector<std::uint64_t> hashes;
   std::uint64_t want = 0;
-  const std::uint64_t before = c->impl()->direct_calls();
+  const std::uint64_t before = c->impl()->direct_calls(), mapped_before = c->impl()->mapped_calls();
   for (CollKind kind : kKinds) {
     const testing::CollInfo& info = testing::coll_info(kind);
     for (const Shape& s : shapes) {
@@ -270,6 +286,7 @@ TEST(Cma, HeapBuffersBitExact) {
   }
   expect_same_everywhere(hashes);
   EXPECT_EQ(c->impl()->direct_calls() - before, want) << rank_tag() << ": heap calls through cross-memory attach";
+  EXPECT_EQ(c->impl()->mapped_calls() - mapped_before, 0u) << rank_tag() << ": heap buffers were mapped";
   if (direct_expected(*c) && c->impl()->shm_cma()) {
     EXPECT_GT(want, 0u) << rank_tag() << ": no call was eligible";
   }

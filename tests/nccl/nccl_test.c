@@ -315,6 +315,22 @@ static void test_grouped_p2p(ncclComm_t comm) {
   if (me == 0) printf("grouped send/recv all-to-all (every rank sends first), nested groups OK\n");
 }
 
+/* Whether the /proc/self/maps line holding p names `what`. */
+static int mapping_names(const void* p, const char* what) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  char line[512];
+  int found = 0;
+  while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+    unsigned long lo = 0, hi = 0;
+    if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (unsigned long)p >= lo && (unsigned long)p < hi) {
+      found = strstr(line, what) != NULL;
+      break;
+    }
+  }
+  if (f != NULL) fclose(f);
+  return found;
+}
+
 static void test_premulsum_split_memory(ncclComm_t comm) {
   const int n = g_size, me = g_rank;
   ncclRedOp_t op;
@@ -367,6 +383,34 @@ static void test_premulsum_split_memory(ncclComm_t comm) {
   CHECK(((float*)mem)[0] == (float)n, "all-reduce of ncclMemAlloc memory");
   NCCL_OK(ncclCommDeregister(comm, handle));
   NCCL_OK(ncclMemFree(mem));
+
+  /* A heap buffer registered (its pages move into shared memory in place):
+   * its bytes stay, collectives on it are exact, and after deregistration
+   * it is an ordinary heap buffer again, freed with free(). */
+  const size_t hcount = (4u << 20) / sizeof(float) + 1024; /* whole pages */
+  float* hbuf = aligned_alloc(4096, hcount * sizeof(float));
+  CHECK(hbuf != NULL, "aligned_alloc");
+  for (size_t i = 0; i < hcount; ++i) hbuf[i] = (float)((i % 7) + me);
+  NCCL_OK(ncclCommRegister(comm, hbuf, hcount * sizeof(float), &handle));
+  CHECK(hbuf[5] == (float)(5 + me), "registration changed the buffer");
+  CHECK(mapping_names(hbuf, "cclz-registered"), "the registered buffer is not in shared memory");
+  for (int rep = 0; rep < 2; ++rep) {
+    for (size_t i = 0; i < hcount; ++i) hbuf[i] = (float)((i % 7) + me);
+    NCCL_OK(ncclAllReduce(hbuf, hbuf, hcount, ncclFloat32, ncclSum, comm, NULL));
+    for (size_t i = 0; i < hcount; ++i) {
+      const float w = (float)(n * (int)(i % 7) + n * (n - 1) / 2);
+      CHECK(hbuf[i] == w, "registered heap all-reduce [%zu] = %g, want %g", i, (double)hbuf[i], (double)w);
+    }
+  }
+  NCCL_OK(ncclCommDeregister(comm, handle));
+  CHECK(hbuf[hcount - 1] == (float)(n * (int)((hcount - 1) % 7) + n * (n - 1) / 2), "deregistration lost bytes");
+  CHECK(!mapping_names(hbuf, "memfd"), "the deregistered buffer is still in shared memory");
+  /* Not whole pages: refused, the buffer untouched. */
+  hbuf[1] = 5.0f;
+  r = ncclCommRegister(comm, hbuf + 1, 4096, &handle);
+  CHECK(r == ncclInvalidArgument && hbuf[1] == 5.0f, "registering part of a page: %d", (int)r);
+  CHECK(strstr(ncclGetLastError(comm), "page size") != NULL, "no reason given: %s", ncclGetLastError(comm));
+  free(hbuf);
   if (me == 0) printf("PreMulSum (immediate and pointer scalar), split, NOCOLOR, ncclMemAlloc, register OK\n");
 }
 
