@@ -7,13 +7,14 @@ cclz-perf, and every ratio is taken inside one run (cclz and MPI measured
 side by side) before the median is taken.
 
   scripts/perf_tables.py [--runs 3] [--ranks 2] [--build build] [--bind]
-                         [--buffers heap,mem_alloc] [--plot FILE.png]
+                         [--buffers heap,mem_alloc,registered] [--plot FILE.png]
                          [--mpiexec LAUNCHER] [--from-csv CSV]...
                          COLLECTIVE [cclz-perf options...]
 
 --bind passes `-bind-to core` to mpiexec (one rank per core; use it when the
 ranks fit on the cores). --buffers lists the buffer kinds to measure (heap:
-cclz-perf -R 0, mem_alloc: -R 1); with several, each run goes through all
+cclz-perf -R 0, mem_alloc: -R 1, registered: heap buffers registered with
+cclz::register_buffer, -R 2); with several, each run goes through all
 of them in turn, so that a change in the host falls on all alike. Output:
 one markdown table per (buffers, algorithm, type), with time, busbw,
 in-place busbw, the MPI baseline, the ratio and the share of the memory
@@ -44,6 +45,9 @@ import subprocess
 import sys
 import tempfile
 
+
+# cclz-perf's -R for each buffer kind.
+BUFFER_FLAG = {"heap": "0", "mem_alloc": "1", "registered": "2"}
 
 def run_once(args, extra, csv_path):
     cmd = [args.mpiexec]
@@ -206,7 +210,7 @@ def main():
     p.add_argument("--mpiexec", default=next(filter(None, map(shutil.which, launchers)), "mpiexec"),
                    help="the MPI launcher (default: MPICH's, as scripts/main.sh)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per cclz-perf run")
-    p.add_argument("--buffers", default="heap", help="comma-separated: heap, mem_alloc")
+    p.add_argument("--buffers", default="heap", help="comma-separated: heap, mem_alloc, registered")
     p.add_argument("--plot", metavar="FILE.png", help="also draw the bandwidth curves into FILE.png")
     p.add_argument("--from-csv", action="append", metavar="CSV",
                    help="tables (and --plot) from this cclz-perf --csv file instead of running; once per run")
@@ -222,8 +226,8 @@ def main():
 
     kinds = [k.strip() for k in args.buffers.split(",") if k.strip()]
     for k in kinds:
-        if k not in ("heap", "mem_alloc"):
-            sys.exit(f"perf_tables: unknown buffer kind {k!r} (heap, mem_alloc)")
+        if k not in BUFFER_FLAG:
+            sys.exit(f"perf_tables: unknown buffer kind {k!r} ({', '.join(BUFFER_FLAG)})")
     groups = {}  # (buffers, requested, type, op, bytes) -> list of rows
     order = []
     copy_bw = []
@@ -239,7 +243,7 @@ def main():
             groups[key].append(row)
 
     if args.from_csv and len(kinds) != 1:
-        sys.exit("perf_tables: --from-csv takes one buffer kind (--buffers heap or mem_alloc)")
+        sys.exit("perf_tables: --from-csv takes one buffer kind (--buffers heap, mem_alloc or registered)")
     if args.from_csv and extra:
         sys.exit(f"perf_tables: --from-csv runs nothing, so cclz-perf options make no sense: {' '.join(extra)}")
 
@@ -262,7 +266,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.runs):
                 for kind in kinds:
-                    reg = ["-R", "1" if kind == "mem_alloc" else "0"]
+                    reg = ["-R", BUFFER_FLAG[kind]]
                     rows, bw = run_once(args, extra + reg, os.path.join(tmp, f"run{i}-{kind}.csv"))
                     if bw is not None:
                         copy_bw.append(bw)

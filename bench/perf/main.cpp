@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -40,15 +41,19 @@ using testing::CollKind;
 
 constexpr double kGB = 1e9;
 
-// 64-byte aligned, zero-length-safe byte buffer: heap memory, or with -R 1
-// cclz::mem_alloc memory (page aligned).
+// 64-byte aligned, zero-length-safe byte buffer: heap memory, with -R 1
+// cclz::mem_alloc memory (page aligned), with -R 2 heap memory registered
+// with cclz::register_buffer.
 struct BufferFree {
-  bool registered = false;
+  BufferKind kind = BufferKind::heap;
   void operator()(std::byte* p) const {
-    if (registered) {
-      (void)mem_free(p);
-    } else {
-      ::operator delete[](p, std::align_val_t{64});
+    switch (kind) {
+      case BufferKind::heap: ::operator delete[](p, std::align_val_t{64}); break;
+      case BufferKind::mem_alloc: (void)mem_free(p); break;
+      case BufferKind::registered_heap:
+        (void)deregister_buffer(p);
+        std::free(p);
+        break;
     }
   }
 };
@@ -56,7 +61,7 @@ struct Buffer {
   using Free = BufferFree;
   std::unique_ptr<std::byte[], Free> mem;
   std::size_t bytes = 0;
-  bool registered = false;
+  BufferKind kind = BufferKind::heap;
   std::size_t offset = 0;  // where data() starts in mem (--offset)
 
   void reserve(std::size_t want) {
@@ -64,14 +69,30 @@ struct Buffer {
     if (want <= bytes && mem) return;
     want = std::max<std::size_t>(want, 64);
     mem.reset();
-    if (registered) {
-      void* p = nullptr;
-      if (Status st = mem_alloc(&p, want); !st.ok()) throw std::runtime_error(st.to_string());
-      mem = std::unique_ptr<std::byte[], Free>(static_cast<std::byte*>(p), Free{true});
-    } else {
-      mem = std::unique_ptr<std::byte[], Free>(new (std::align_val_t{64}) std::byte[want], Free{false});
+    void* p = nullptr;
+    switch (kind) {
+      case BufferKind::heap: p = new (std::align_val_t{64}) std::byte[want]; break;
+      case BufferKind::mem_alloc:
+        if (Status st = mem_alloc(&p, want); !st.ok()) throw std::runtime_error(st.to_string());
+        break;
+      case BufferKind::registered_heap: {
+        // register_buffer takes whole pages.
+        const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+        want = (want + page - 1) / page * page;
+        p = std::aligned_alloc(page, want);
+        if (p == nullptr) throw std::bad_alloc();
+        break;
+      }
     }
-    std::memset(mem.get(), 0, want);  // fault the pages in outside any timing
+    // Fault the pages in outside any timing (and register what is there).
+    std::memset(p, 0, want);
+    if (kind == BufferKind::registered_heap) {
+      if (Status st = register_buffer(p, want); !st.ok()) {
+        std::free(p);
+        throw std::runtime_error(st.to_string());
+      }
+    }
+    mem = std::unique_ptr<std::byte[], Free>(static_cast<std::byte*>(p), Free{kind});
     bytes = want;
   }
   std::byte* data() const { return mem.get() + offset; }
@@ -445,7 +466,7 @@ int run(int argc, char** argv) {
     info.algorithm = "tuner";
   }
   info.mpi = o.mpi_baseline;
-  info.registered = o.register_buffers;
+  info.buffers = o.buffers;
   info.offset = o.offset;
   info.roof = o.kind == CollKind::all_reduce && info.nodes == 1;
   info.copiers_n = std::max(1, std::min(info.local_ranks, info.cores));
@@ -480,7 +501,7 @@ int run(int argc, char** argv) {
   bool ok = true;
   Buffers buffers;
   for (Buffer* b : {&buffers.send, &buffers.recv, &buffers.inplace}) {
-    b->registered = o.register_buffers;
+    b->kind = o.buffers;
     b->offset = o.offset;
   }
   if (!o.compressors.empty()) {

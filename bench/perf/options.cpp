@@ -102,9 +102,10 @@ Options (as nccl-tests unless marked cclz):
                           against the tuner's default. Default: the tuner's
                           choice.
                           (nccl-tests' -a is averaging mode, hence -A.)
-  -R, --register 0|1      buffers from cclz::mem_alloc, which the ranks of a
-                          node read from one another in place (large calls
-                          then copy each byte once); MPI gets the same
+  -R, --register 0|1|2    1: buffers from cclz::mem_alloc, which the ranks of
+                          a node read from one another in place (large calls
+                          then copy each byte once); 2: heap buffers made so
+                          by cclz::register_buffer; MPI gets the same
                           buffers (default 0: plain heap memory)
       --offset B          cclz: buffers start B bytes past a 64-byte boundary
                           (0-56, a multiple of 8; default 0). malloc's large
@@ -190,8 +191,8 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
     } else if (name == "-R" || name == "--register") {
       if (!take(&v)) return false;
       int r = 0;
-      if (!parse_int(v, 0, 1, &r)) return *error = "bad value for -R (0 or 1): " + v, false;
-      o.register_buffers = r != 0;
+      if (!parse_int(v, 0, 2, &r)) return *error = "bad value for -R (0, 1 or 2): " + v, false;
+      o.buffers = static_cast<BufferKind>(r);
     } else if (name == "--offset") {
       if (!take(&v)) return false;
       int b = 0;

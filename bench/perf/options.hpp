@@ -9,6 +9,7 @@
 #include "cclz/compressed.hpp"
 #include "cclz/types.hpp"
 #include "coll_desc.hpp"
+#include "report.hpp"
 
 namespace cclz::perf {
 
@@ -28,9 +29,11 @@ struct Options {
   std::string json_path;
   std::string csv_path;
   bool mpi_baseline = true;
-  // -R 1: buffers from cclz::mem_alloc, which node-local peers read in place
-  // (nccl-tests' -R registers buffers the same way); MPI uses them too.
-  bool register_buffers = false;
+  // -R 1: buffers from cclz::mem_alloc, which node-local peers read in
+  // place (nccl-tests' -R 1 allocates them with ncclMemAlloc the same way);
+  // -R 2: heap buffers registered with cclz::register_buffer (as -R 2 has
+  // nccl-tests register them with ncclCommRegister). MPI uses them too.
+  BufferKind buffers = BufferKind::heap;
   // --offset B: every buffer starts B bytes past a 64-byte boundary (the
   // alignment of a program's own arrays: glibc's large blocks sit 16 bytes
   // past a page).

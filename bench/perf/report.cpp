@@ -77,7 +77,10 @@ void print_header(std::FILE* f, const RunInfo& i) {
   std::fprintf(f, "# dtype %s  op %s  root %d  algorithm %s  baseline %s\n", i.dtypes.c_str(), i.ops.c_str(),
                i.root, i.algorithm.c_str(), i.mpi ? "MPI (same run)" : "none");
   std::fprintf(f, "# host %s  buffers %s, %zu bytes past a 64-byte boundary\n", i.host.c_str(),
-               i.registered ? "cclz::mem_alloc (-R 1: node-local peers read them in place)" : "heap (-R 0)", i.offset);
+               i.buffers == BufferKind::mem_alloc   ? "cclz::mem_alloc (-R 1: node-local peers read them in place)"
+               : i.buffers == BufferKind::heap ? "heap (-R 0)"
+                                               : "heap, cclz::register_buffer (-R 2: node-local peers read them in place)",
+               i.offset);
   std::fprintf(f, "# copy bandwidth (bytes read + written, the faster of memcpy and a streamed copy, best of 3 each, "
                "%zu MB per copier): 1 copier %.2f GB/s, %d concurrent %.2f GB/s (memcpy %.2f, streamed %.2f)\n",
                i.copy_bytes >> 20, i.copy_bw_1 / kGB, i.copiers_n, i.copy_bw_n / kGB, i.copy_bw_n_memcpy / kGB,

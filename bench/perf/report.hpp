@@ -11,6 +11,9 @@
 
 namespace cclz::perf {
 
+// Where the benchmark's buffers come from (-R).
+enum class BufferKind { heap = 0, mem_alloc = 1, registered_heap = 2 };
+
 // One timed variant (out-of-place, in-place or MPI) of one row.
 struct Measure {
   bool valid = false;   // measured (false: n/a or skipped)
@@ -60,7 +63,7 @@ struct RunInfo {
   std::size_t copy_bytes = 0; // per copier, single-copier run
   std::size_t llc_bytes = 0;  // last-level cache size (0 if unknown)
   bool mpi = true;
-  bool registered = false;    // -R 1: buffers from cclz::mem_alloc
+  BufferKind buffers = BufferKind::heap;  // -R
   std::size_t offset = 0;     // --offset: bytes past a 64-byte boundary
   bool roof = false;          // roofline column printed (all_reduce on one host)
 };

@@ -10,7 +10,9 @@
    filled.
 2. Bad command lines end with status 2 and say what is wrong, before any
    collective runs.
-3. perf_tables.py --plot: the markdown tables and a PNG of the curves, from
+3. Buffers from cclz::mem_alloc and heap buffers registered with
+   cclz::register_buffer (-R 1, -R 2), at sizes of the direct path: exact.
+4. perf_tables.py --plot: the markdown tables and a PNG of the curves, from
    its own runs and from a CSV of step 1 (--from-csv, as scripts/main.sh).
 Every command is bounded in time; every failure is reported, then the test
 exits 1 if there was any.
@@ -79,6 +81,24 @@ def check_sweep(tmp, coll, ranks):
             fail(f"{where}: time {r['oop_time_us']}")
 
 
+def check_buffer_kinds(tmp):
+    """-R 1 and -R 2 (mem_alloc, registered heap buffers) through the direct
+    path's sizes, exact inputs: no element wrong, the header names them."""
+    for flag, name in (("1", "cclz::mem_alloc"), ("2", "cclz::register_buffer")):
+        for coll in ("all_reduce", "all_gather"):
+            path = os.path.join(tmp, f"{coll}-R{flag}.csv")
+            cmd = [MPIEXEC, "-n", "3", PERF, coll, "-c", "1", "-b", "1000000", "-e", "4000000", "-f", "4", "-n", "2",
+                   "-w", "1", "-R", flag, "--offset", "16", "--csv", path]
+            rc, out, err = run(cmd)
+            if rc != 0 or name not in out:
+                fail(f"{' '.join(cmd)}: exit {rc}, header without {name!r}\n{out[-2000:]}\n{err[-2000:]}")
+                continue
+            with open(path) as f:
+                rows = list(csv.DictReader(f))
+            if len(rows) != 2 or any(r["oop_wrong"] != "0" or r["ip_wrong"] != "0" for r in rows):
+                fail(f"{' '.join(cmd)}: rows {rows}")
+
+
 def check_errors():
     cases = [
         (["all_reduce", "-d", "f32,f33"], "unknown data type: f33"),
@@ -91,6 +111,7 @@ def check_errors():
         (["reduce", "-r", "2"], "root 2 is not a rank of 2"),
         (["no_such_collective"], "unknown collective: no_such_collective"),
         (["all_reduce", "--bogus"], "unknown option: --bogus"),
+        (["all_reduce", "-R", "3"], "bad value for -R (0, 1 or 2): 3"),
     ]
     for args, text in cases:
         rc, out, err = run([MPIEXEC, "-n", "2", PERF] + args + ["--no-mpi"])
@@ -149,6 +170,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for coll in COLLECTIVES:
         for ranks in (2, 3):
             check_sweep(tmp, coll, ranks)
+    check_buffer_kinds(tmp)
     check_tables(tmp)
 
 if failures:
