@@ -33,6 +33,7 @@ struct Allocation {
   // A registered range found no longer backed by its memfd (freed without
   // deregister_buffer): never offered to peers again.
   bool stale = false;
+  std::uint32_t lookups = 0;  // of a registered range, for still_checked()
 };
 
 // The process's live allocations and registered ranges by base address.
@@ -93,7 +94,10 @@ bool find_shared_range(const void* p, std::size_t bytes, SharedRange* out) noexc
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = holding(r, a, bytes);
   if (it == r.live.end() || it->second.stale) return false;
-  if (it->second.registrations != 0 && !still_shared(r, it->first)) {
+  // The check costs a read of /proc/self/pagemap (about 1.7 us): every
+  // lookup of 4 MiB or more, every 64th of less.
+  const bool check = it->second.registrations != 0 && (bytes >= (std::size_t{4} << 20) || it->second.lookups++ % 64 == 0);
+  if (check && !still_shared(r, it->first)) {
     it->second.stale = true;
     char msg[200];
     std::snprintf(msg, sizeof msg,
@@ -290,7 +294,7 @@ Status register_buffer(void* ptr, std::size_t bytes) {
     close(fd);
     return Status(Result::system_error, who + ": " + what + ": " + std::strerror(e));
   };
-  void* alias = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* alias = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (alias == MAP_FAILED) return fail("mmap");
   auto* base = reinterpret_cast<void*>(ulo);
   std::memcpy(alias, base, len);
@@ -343,13 +347,13 @@ Status deregister_buffer(void* ptr) {
     auto fail = [&](const char* what) {
       st = {Result::system_error, std::string("deregister_buffer: ") + what + ": " + std::strerror(errno)};
     };
-    void* alias = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* alias = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (alias == MAP_FAILED) {
       // The buffer stays in shared pages, which the program reads and
       // writes as before; only a later fork() sees the difference.
       fail("could not map its pages a second time to copy them");
     } else {
-      if (mmap(base, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+      if (mmap(base, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_POPULATE, -1, 0) != MAP_FAILED) {
         std::memcpy(base, alias, len);
       } else {
         fail("could not map private pages over it");

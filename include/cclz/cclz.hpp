@@ -97,7 +97,8 @@ Status register_buffer(void* ptr, std::size_t bytes);
 // With the last registration gone the pages become private again, with
 // the same bytes. A registered buffer must be deregistered before it is
 // freed: a collective that finds one freed (its first page no longer
-// shared) warns and takes the staged path, but only that page is checked.
+// shared) warns and takes the staged path, but only that page is checked,
+// on every call of 4 MiB or more and every 64th smaller one.
 // Errors: invalid_argument (null, or not in a registered buffer or a
 // mem_alloc one).
 Status deregister_buffer(void* ptr);

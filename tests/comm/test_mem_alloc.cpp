@@ -343,25 +343,31 @@ TEST(RegisterBuffer, RefusesWhatCannotMoveAndChangesNothing) {
 
 // A registered buffer unmapped without deregister_buffer, and private
 // memory mapped in its place (touched or not): the lookup no longer offers
-// it to peers, and registering the new memory works.
+// it to peers (at once for 4 MiB or more, within 64 lookups for less), and
+// registering the new memory works.
 TEST(RegisterBuffer, FreedWithoutDeregisterIsNotOffered) {
-  const std::size_t page = page_size();
+  const std::size_t n = std::size_t{4} << 20;
   for (bool touch : {true, false}) {
-    void* m = mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    ASSERT_NE(m, MAP_FAILED);
-    std::memset(m, 1, 4 * page);
-    ASSERT_TRUE(register_buffer(m, 4 * page).ok());
-    detail::SharedRange r;
-    ASSERT_TRUE(detail::find_shared_range(m, 4 * page, &r));
-    ASSERT_EQ(mmap(m, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0), m);
-    if (touch) std::memset(m, 2, 4 * page);
-    EXPECT_FALSE(detail::find_shared_range(m, 4 * page, &r)) << "touched: " << touch;
-    std::memset(m, 3, 4 * page);
-    ASSERT_TRUE(register_buffer(m, 4 * page).ok());
-    EXPECT_TRUE(detail::find_shared_range(m, 4 * page, &r));
-    EXPECT_EQ(static_cast<unsigned char*>(m)[4 * page - 1], 3);
-    ASSERT_TRUE(deregister_buffer(m).ok());
-    munmap(m, 4 * page);
+    for (std::size_t looked : {n, std::size_t{4096}}) {
+      void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      ASSERT_NE(m, MAP_FAILED);
+      std::memset(m, 1, n);
+      ASSERT_TRUE(register_buffer(m, n).ok());
+      detail::SharedRange r;
+      ASSERT_TRUE(detail::find_shared_range(m, looked, &r));
+      ASSERT_EQ(mmap(m, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0), m);
+      if (touch) std::memset(m, 2, n);
+      int offered = 0;
+      while (offered < 100 && detail::find_shared_range(m, looked, &r)) ++offered;
+      EXPECT_EQ(offered, looked == n ? 0 : 63) << "touched: " << touch << ", " << looked << " bytes";
+      EXPECT_FALSE(detail::find_shared_range(m, n, &r)) << "a stale range was offered again";
+      std::memset(m, 3, n);
+      ASSERT_TRUE(register_buffer(m, n).ok());
+      EXPECT_TRUE(detail::find_shared_range(m, n, &r));
+      EXPECT_EQ(static_cast<unsigned char*>(m)[n - 1], 3);
+      ASSERT_TRUE(deregister_buffer(m).ok());
+      munmap(m, n);
+    }
   }
 }
 
