@@ -33,7 +33,7 @@ struct Allocation {
   // A registered range found no longer backed by its memfd (freed without
   // deregister_buffer): never offered to peers again.
   bool stale = false;
-  std::uint32_t lookups = 0;  // of a registered range, for still_checked()
+  std::uint32_t lookups = 0;  // of a registered range: when find_shared_range checks it
 };
 
 // The process's live allocations and registered ranges by base address.
@@ -94,9 +94,10 @@ bool find_shared_range(const void* p, std::size_t bytes, SharedRange* out) noexc
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = holding(r, a, bytes);
   if (it == r.live.end() || it->second.stale) return false;
-  // The check costs a read of /proc/self/pagemap (about 1.7 us): every
-  // lookup of 4 MiB or more, every 64th of less.
-  const bool check = it->second.registrations != 0 && (bytes >= (std::size_t{4} << 20) || it->second.lookups++ % 64 == 0);
+  // The check costs a read of /proc/self/pagemap (1-2 us): every lookup of
+  // 4 MiB or more, every 64th of less.
+  const bool check = it->second.registrations != 0 &&
+                     (bytes >= (std::size_t{4} << 20) || it->second.lookups++ % 64 == 0);
   if (check && !still_shared(r, it->first)) {
     it->second.stale = true;
     char msg[200];
@@ -353,7 +354,8 @@ Status deregister_buffer(void* ptr) {
       // writes as before; only a later fork() sees the difference.
       fail("could not map its pages a second time to copy them");
     } else {
-      if (mmap(base, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_POPULATE, -1, 0) != MAP_FAILED) {
+      constexpr int kPrivate = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_POPULATE;
+      if (mmap(base, len, PROT_READ | PROT_WRITE, kPrivate, -1, 0) != MAP_FAILED) {
         std::memcpy(base, alias, len);
       } else {
         fail("could not map private pages over it");

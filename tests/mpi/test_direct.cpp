@@ -94,7 +94,9 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, Memory memory, const st
   std::string label = std::string(testing::coll_info(cc.kind).name) + " algo=" + (algo.empty() ? "default" : algo) +
                       " " + dtype_name(cc.dt) + " count=" + std::to_string(cc.count) +
                       (in_place ? " in-place" : " out-of-place") +
-                      (memory == Memory::heap ? " heap" : memory == Memory::mem_alloc ? " mem_alloc" : " registered heap");
+                      (memory == Memory::heap        ? " heap"
+                       : memory == Memory::mem_alloc ? " mem_alloc"
+                                                     : " registered heap");
   CallOptions opt;
   opt.algorithm = algo;
   std::string ran;
