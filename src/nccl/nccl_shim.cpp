@@ -1000,10 +1000,10 @@ CCLZ_EXPORT ncclResult_t ncclMemFree(void* ptr) {
   return from_status(cclz::mem_free(ptr));
 }
 
-// A host buffer is registered with cclz::register_buffer: its pages move
-// into shared memory in place, and the node's ranks then read it directly
-// (ncclMemAlloc memory needs nothing more). Device buffers are registered
-// with the real NCCL under the fallback.
+// A host buffer is registered with cclz::register_buffer where it can be:
+// its pages move into shared memory in place, and the node's ranks then
+// read it directly (ncclMemAlloc memory needs nothing more). Device buffers
+// are registered with the real NCCL under the fallback.
 CCLZ_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (handle == nullptr || (buff == nullptr && size > 0)) return fail(ncclInvalidArgument, "handle or buff is NULL");
@@ -1015,8 +1015,13 @@ CCLZ_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, siz
     if (ncclResult_t r = real_nccl().comm_register(comm->real, buff, size, &reg->real); r != ncclSuccess)
       return real_result(r);
   } else if (size > 0) {
-    if (cclz::Status st = cclz::register_buffer(buff, size); !st.ok()) return from_status(st);
-    reg->host = true;
+    // Memory that cannot move (part of a page, the stack, a file's pages)
+    // stays where it is: registration is a hint in NCCL, and calls on the
+    // buffer take the staged path as before. Running out of shared memory
+    // is an error.
+    const cclz::Status st = cclz::register_buffer(buff, size);
+    if (!st.ok() && st.code() != cclz::Result::invalid_argument) return from_status(st);
+    reg->host = st.ok();
   }
   *handle = reg.release();
   return ncclSuccess;
