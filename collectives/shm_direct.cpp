@@ -33,9 +33,6 @@ struct Descs {
   BufDesc send, recv;
 };
 
-// This process's read-only mappings of the peers' buffers, per window
-// (ShmWindow::local_state), unmapped when the window goes. Bounded: the
-// least recently used mapping not needed by the current call goes first.
 // Maps a peer's buffer (fd, `bytes`, whole pages), writable: the all-reduce
 // writes its results into the peers' outputs. From 2 MiB up, at a page
 // offset within 2 MiB of room drawn from `seed`, not where the kernel
@@ -65,6 +62,9 @@ void* map_colored(int fd, std::size_t bytes, std::uint64_t seed) {
   return p;
 }
 
+// This process's mappings of the peers' buffers, per window
+// (ShmWindow::local_state), unmapped when the window goes. Bounded: the
+// least recently used mapping not needed by the current call goes first.
 class PeerMaps {
  public:
   static constexpr std::size_t kMaxMaps = 64;
