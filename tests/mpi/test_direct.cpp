@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstring>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -185,25 +186,20 @@ struct Shape {
 };
 
 // Buffers every rank can read in place (`memory`: mem_alloc, or heap
-// buffers registered with register_buffer) on every rank: calls from 300 KB
-// (below the default 1 MiB threshold: staged unless a run lowers it) to past
-// the 4 MB streaming size, several dtypes and ops (avg too), odd counts, in
-// and out of place, the shm algorithm and the tuned default. Every eligible
-// call must go direct.
-void in_place_readable_bit_exact(Memory memory) {
+// buffers registered with register_buffer) on every rank: `shapes` in
+// every collective, odd counts, in and out of place, through each of
+// `algos` ("" is the tuned default). Every eligible call must go direct.
+void in_place_readable_bit_exact(Memory memory, std::span<const Shape> shapes,
+                                 std::initializer_list<const char*> algos) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
   const int n = c->size();
-  const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 300u << 10}, {DataType::bf16, ReduceOp::sum, 1u << 20},
-                          {DataType::i32, ReduceOp::max, 2u << 20},   {DataType::f16, ReduceOp::prod, 700u << 10},
-                          {DataType::u8, ReduceOp::min, 600u << 10},  {DataType::f64, ReduceOp::sum, 5u << 20},
-                          {DataType::bf16, ReduceOp::avg, 1536u << 10}};
   std::vector<std::uint64_t> hashes;
   std::uint64_t eligible_calls = 0;
   const std::uint64_t before = c->impl()->direct_calls(), mapped_before = c->impl()->mapped_calls();
   for (CollKind kind : kKinds) {
     const testing::CollInfo& info = testing::coll_info(kind);
-    for (const std::string algo : {"", "shm"}) {
+    for (const std::string algo : algos) {
       for (const Shape& s : shapes) {
         const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
         for (bool in_place : {false, true}) {
@@ -228,11 +224,28 @@ void in_place_readable_bit_exact(Memory memory) {
   }
 }
 
-TEST(Direct, RegisteredBuffersBitExact) { in_place_readable_bit_exact(Memory::mem_alloc); }
+// mem_alloc buffers: calls from 300 KB (below the default 1 MiB threshold:
+// staged unless a run lowers it) to past the 4 MB streaming size, several
+// dtypes and ops (avg too), through the shm algorithm and the tuned default.
+TEST(Direct, RegisteredBuffersBitExact) {
+  const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 300u << 10}, {DataType::bf16, ReduceOp::sum, 1u << 20},
+                          {DataType::i32, ReduceOp::max, 2u << 20},   {DataType::f16, ReduceOp::prod, 700u << 10},
+                          {DataType::u8, ReduceOp::min, 600u << 10},  {DataType::f64, ReduceOp::sum, 5u << 20},
+                          {DataType::bf16, ReduceOp::avg, 1536u << 10}};
+  in_place_readable_bit_exact(Memory::mem_alloc, shapes, {"", "shm"});
+}
 
 // Heap buffers made readable in place by register_buffer go direct exactly
-// as mem_alloc ones do.
-TEST(Direct, HeapRegisteredBitExact) { in_place_readable_bit_exact(Memory::registered_heap); }
+// as mem_alloc ones do. Once mapped, a call runs the same code as on
+// mem_alloc buffers (the test above); what is new is finding the buffer,
+// so three shapes that span the thresholds (staged or direct by the run's
+// setting, cached, streamed), through the tuned default.
+TEST(Direct, HeapRegisteredBitExact) {
+  const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 300u << 10},
+                          {DataType::bf16, ReduceOp::avg, 1536u << 10},
+                          {DataType::f64, ReduceOp::sum, 5u << 20}};
+  in_place_readable_bit_exact(Memory::registered_heap, shapes, {""});
+}
 
 // Rank 0's buffers are heap memory, the others' mem_alloc: no rank can map
 // rank 0's buffers, so every rank must take the staged path, exactly, or,

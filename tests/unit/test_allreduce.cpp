@@ -251,6 +251,7 @@ RunFn by_descriptor(const char* name) {
 
 void check_flat(const char* name, const ShmSetup* shm = nullptr) {
   for (int n = 1; n <= 8; ++n) {
+    if (!testing::sweep_group_size(n)) continue;
     check_cases(name, flat_nodes(n), small_cases(n), by_descriptor(name), shm);
     check_cases(name, flat_nodes(n), large_cases(), by_descriptor(name), shm);
   }
