@@ -8,7 +8,7 @@
 #      fault scenarios),
 #   3. builds the multi-rank tests again with AddressSanitizer and
 #      UndefinedBehaviorSanitizer in build-asan/ and runs the 'mpi-core'
-#      suite there (N = 1..4, the declared-node runs, CCLZ_CHECK, faults),
+#      suite there (N = 1..4, three declared nodes, CCLZ_CHECK, faults),
 #      and where they are built the 'nccl-asan' suite (libcclz_nccl's C
 #      test) and the 'trainers-mpi' suite (cclz-train on real ranks).
 # Exits non-zero if anything failed; prints the time of each step.
