@@ -44,7 +44,9 @@ step "meson test ($build)" $((SECONDS - t)) "$([[ $main_rc -eq 0 ]] && echo ok |
 
 # ---- 3. sanitizer build, multi-rank suites ----------------------------------
 # ASan/UBSan in a build of its own (b_lundef=false: the sanitizer runtimes
-# resolve symbols at load time). Only the multi-rank binaries are built: the
+# resolve symbols at load time), at -O1 with line tables only (-g1): the
+# reports still name file and line, and the build takes about half the time
+# of -O2 -g (250 against about 530 s on 2 cores) for suites about 10% slower. Only the multi-rank binaries are built: the
 # point is cclz's code under real processes, UCX and MPICH, and with ranks
 # as threads of one process (the unit and communicator suites: the engine's
 # worker, requests, the C API). The options:
@@ -62,8 +64,8 @@ asan_rc=0
 if [[ ${CCLZ_SKIP_ASAN:-0} != 1 ]]; then
   t=$SECONDS
   if [[ ! -f $asan/build.ninja ]]; then
-    meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized \
-      -Dbenchmarks=disabled
+    meson setup "$asan" -Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1 -Ddebug=false \
+      -Dcpp_args=-g1 -Dc_args=-g1 -Dbenchmarks=disabled
   fi
   asan_targets=(tests/mpi/cclz-mpi-tests tests/mpi/cclz-fault tests/cclz-unit tests/comm/cclz-comm-test
     tests/comm/cclz-c-header-test)
