@@ -13,6 +13,7 @@
 // 24-byte record (n-1 sends and receives per rank) before the algorithm.
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -34,6 +35,12 @@ using coll::CollKind;
 std::string fmt_seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+std::string fmt_ms(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
   return buf;
 }
 
@@ -692,8 +699,15 @@ Status Engine::shutdown() {
   }
   // The worker drains the queue and what is in flight (an inline waiter may
   // help), each wait bounded by CCLZ_TIMEOUT, then exits.
+  const auto seconds_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  ShutdownTimes times;
+  Clock::time_point t0 = Clock::now();
   worker_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  times.worker_s = seconds_since(t0);
+  t0 = Clock::now();
   {
     std::unique_lock lk(mu_);
     ++idle_waiters_;
@@ -701,8 +715,18 @@ Status Engine::shutdown() {
     --idle_waiters_;
     closed_ = true;
   }
+  times.idle_s = seconds_since(t0);
+  t0 = Clock::now();
   transport_.reset();
+  times.transport_s = seconds_since(t0);
+  std::lock_guard lk(mu_);
+  shutdown_times_ = times;
   return {};
+}
+
+Engine::ShutdownTimes Engine::shutdown_times() const {
+  std::lock_guard lk(mu_);
+  return shutdown_times_;
 }
 
 void Engine::abort(const Status& why) {
@@ -771,7 +795,7 @@ CommImpl::~CommImpl() {
 }
 
 Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupConnector connect,
-                        std::unique_ptr<Comm>* out) {
+                        std::unique_ptr<Comm>* out, double connect_s) {
   if (!world.transport) return {Result::invalid_argument, "communicator: world has no transport"};
   const int n = world.transport->size(), r = world.transport->rank();
   if (world.ranks.empty()) world.ranks.resize(static_cast<std::size_t>(n));
@@ -780,9 +804,17 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
                                         std::to_string(world.ranks.size()) + " rank infos for " +
                                         std::to_string(n) + " ranks"};
   }
+  const auto seconds_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  SetupTimes times;
+  times.connect_s = connect_s;
   std::unique_ptr<ShmWindow> shm;
   std::string no_shm;
-  if (Status st = setup_shm_window(*world.transport, topo, world.ranks, cfg, &shm, &no_shm); !st.ok()) {
+  const Clock::time_point shm_t0 = Clock::now();
+  const Status shm_st = setup_shm_window(*world.transport, topo, world.ranks, cfg, &shm, &no_shm);
+  times.shm_s = seconds_since(shm_t0);
+  if (Status st = shm_st; !st.ok()) {
     return {st.code(), "rank " + std::to_string(r) + ": communicator: setting up node-local shared memory: " +
                            st.message()};
   }
@@ -812,9 +844,12 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
   } catch (const std::bad_alloc&) {
     return {Result::system_error, "rank " + std::to_string(r) + ": communicator: out of memory"};
   }
+  const Clock::time_point start_t0 = Clock::now();
   if (Status st = impl->engine_->start(); !st.ok()) {
     return {st.code(), "rank " + std::to_string(r) + ": communicator: " + st.message()};
   }
+  times.start_s = seconds_since(start_t0);
+  impl->setup_times_ = times;
   if (log::enabled(cfg.log_level, LogLevel::info)) {
     const Topology& t = impl->topo_;
     const auto me = static_cast<std::size_t>(r);
@@ -824,7 +859,10 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
                    " of " + std::to_string(n) + ", node " + std::to_string(node) + " of " +
                    std::to_string(t.num_nodes()) + " (local rank " + std::to_string(t.local_rank[me]) + " of " +
                    std::to_string(t.node_size[static_cast<std::size_t>(node)]) + ", nodes from " + t.source +
-                   ", host " + impl->ranks_[me].hostname + ")");
+                   ", host " + impl->ranks_[me].hostname + "); set up in " +
+                   fmt_ms(times.connect_s + times.shm_s + times.start_s) + " (connecting " +
+                   fmt_ms(times.connect_s) + ", shared memory " + fmt_ms(times.shm_s) + ", worker " +
+                   fmt_ms(times.start_s) + ")");
     if (r == 0) {
       log::write(LogLevel::info, r, "node layout: " + t.describe(impl->ranks_));
       log::write(LogLevel::info, r,
@@ -1128,10 +1166,12 @@ Status CommImpl::split(int color, int key, std::unique_ptr<Comm>* out) {
     const std::uint64_t seq = (g.seq() + 1) & ((std::uint64_t{1} << coll::Group::kSeqBits) - 1);
     const std::uint64_t tag_base = seq << (coll::Group::kStepTagBits + coll::Group::kSpaceBits);
     World w;
+    const Clock::time_point t0 = Clock::now();
     if (Status st = connect_(engine_->transport(), members, tag_base, ranks_, g.deadline(), &w); !st.ok()) {
       return st;
     }
-    return create(std::move(w), topology_from_labels(labels, "parent"), cfg_, connect_, result.get());
+    const double connect_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    return create(std::move(w), topology_from_labels(labels, "parent"), cfg_, connect_, result.get(), connect_s);
   };
   Request r = run_custom("split", "color " + std::to_string(color) + ", key " + std::to_string(key), std::move(body));
   if (Status st = r.wait(); !st.ok()) return st;

@@ -106,6 +106,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool destroyed() const;
   // Drains queued work, stops the worker, releases the transport.
   Status shutdown();
+  // How long the last shutdown() took on this rank, in seconds, by phase:
+  // the worker's draining and exit, the wait for an inline runner, the
+  // transport's release (goodbyes, flushes, closes).
+  struct ShutdownTimes {
+    double worker_s = 0, idle_s = 0, transport_s = 0;
+  };
+  ShutdownTimes shutdown_times() const;
   // Fails the transport with `why`, fails pending work, stops, releases.
   void abort(const Status& why);
 
@@ -146,6 +153,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const int size_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ShmWindow> shm_;  // null: no node-local peers, or CCLZ_SHM=0
+  ShutdownTimes shutdown_times_;    // under mu_
   std::string transport_name_;
   const std::shared_ptr<const coll::Group::Shape> shape_;  // all ranks, for the per-call Group
   const Config cfg_;
@@ -186,8 +194,9 @@ struct CommImpl {
 
   // Every communicator is made here: from a bootstrap's World, a split, or a
   // test's World of in-process transports.
+  // `connect_s`: the time a split took to connect `world` (SetupTimes).
   static Status create(World world, Topology topo, const Config& cfg, SubgroupConnector connect,
-                       std::unique_ptr<Comm>* out);
+                       std::unique_ptr<Comm>* out, double connect_s = 0);
 
   Request collective(coll::CollArgs a, ReduceOp user_op, const CallOptions& opt);
   Request point_to_point(bool is_send, void* buf, std::size_t count, DataType dt, int peer);
@@ -228,6 +237,17 @@ struct CommImpl {
   // cores (ShmWindow::oversubscribed); false without a window.
   bool shm_oversubscribed() const noexcept { return window() && window()->oversubscribed(); }
   const std::vector<RankInfo>& rank_infos() const noexcept { return ranks_; }
+  // How long making this communicator took on this rank, in seconds, by
+  // phase: a split's connecting of its ranks, the node's shared-memory
+  // window (the node's first rank creates and maps the segment while the
+  // others wait for its name), the start of the worker thread. CCLZ_DEBUG=INFO
+  // prints them; the multi-rank tests print them when a creation is slow.
+  struct SetupTimes {
+    double connect_s = 0, shm_s = 0, start_s = 0;
+  };
+  const SetupTimes& setup_times() const noexcept { return setup_times_; }
+  // The phases of destroy() (Engine::shutdown_times), zeros before it.
+  Engine::ShutdownTimes shutdown_times() const { return engine_->shutdown_times(); }
 
   int rank_ = 0;
   int size_ = 0;
@@ -252,6 +272,7 @@ struct CommImpl {
   std::unique_ptr<coll::Group> tune_group_;
   std::mutex log_mu_;
   std::set<std::tuple<int, const void*, int>> logged_;  // (kind, algorithm, size class)
+  SetupTimes setup_times_;
 };
 
 // Testing door: a communicator over an already connected World (any

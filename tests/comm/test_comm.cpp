@@ -679,6 +679,9 @@ TEST(CommLog, InfoNamesTransportLayoutAndAlgorithmOnce) {
   EXPECT_TRUE(contains(err, "cclz rank 0: INFO transport threads, rank 0 of 2, node 0 of 2")) << err;
   EXPECT_TRUE(contains(err, "cclz rank 1: INFO transport threads")) << err;
   EXPECT_TRUE(contains(err, "node layout: node 0: ranks 0 (localhost); node 1: ranks 1")) << err;
+  // Where the creation's time went (CommImpl::setup_times).
+  EXPECT_TRUE(contains(err, "set up in ")) << err;
+  EXPECT_TRUE(contains(err, " ms (connecting 0.0 ms, shared memory ")) << err;
   // Three calls of one size class: one line per rank.
   std::size_t lines = 0;
   for (std::size_t p = err.find("all_reduce: algorithm"); p != std::string::npos;

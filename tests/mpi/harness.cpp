@@ -6,11 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
+
+#include "comm_impl.hpp"
 
 namespace cclz::mpitest {
 namespace {
@@ -35,13 +40,58 @@ int world_size() {
 Comm& world() { return *world_slot(); }
 void set_world(std::unique_ptr<Comm> c) { world_slot() = std::move(c); }
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+Status timed_split(Comm& parent, int color, int key, std::unique_ptr<Comm>* out, const char* what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = parent.split(color, key, out);
+  const double secs = seconds_since(t0);
+  if (st.ok() && *out != nullptr && secs > kSlowSetupSeconds) {
+    const detail::CommImpl::SetupTimes& t = (*out)->impl()->setup_times();
+    std::printf("[slow split] %s: %s: %.2f s: connecting %.2f, node-local shared memory %.2f, worker %.2f, "
+                "the rest (the colour exchange, the queue) %.2f\n",
+                rank_tag().c_str(), what, secs, t.connect_s, t.shm_s, t.start_s,
+                secs - t.connect_s - t.shm_s - t.start_s);
+    std::fflush(stdout);
+  } else if (st.ok() && secs > kSlowSetupSeconds) {
+    std::printf("[slow split] %s: %s: %.2f s (no communicator for this rank)\n", rank_tag().c_str(), what, secs);
+    std::fflush(stdout);
+  }
+  return st;
+}
+
+Status timed_destroy(Comm& c, const char* what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = c.destroy();
+  const double secs = seconds_since(t0);
+  if (secs > kSlowSetupSeconds) {
+    const detail::Engine::ShutdownTimes t = c.impl()->shutdown_times();
+    std::printf("[slow destroy] %s: %s: %.2f s: the worker's drain and exit %.2f, an inline runner %.2f, "
+                "the transport's release %.2f\n",
+                rank_tag().c_str(), what, secs, t.worker_s, t.idle_s, t.transport_s);
+    std::fflush(stdout);
+  }
+  return st;
+}
+
 std::unique_ptr<Comm> fresh_comm() {
   std::unique_ptr<Comm> c;
-  Status st = world().split(0, world().rank(), &c);
+  Status st = timed_split(world(), 0, world().rank(), &c, "a fresh communicator");
   EXPECT_TRUE(st.ok()) << rank_tag() << ": split for a fresh communicator failed: " << st.to_string();
   EXPECT_TRUE(!st.ok() || c != nullptr) << rank_tag() << ": split succeeded but gave no communicator";
   if (!st.ok()) return nullptr;
   return c;
+}
+
+void destroy_comm(std::unique_ptr<Comm>& c) {
+  if (c == nullptr) return;
+  const Status st = timed_destroy(*c, "the test's communicator");
+  EXPECT_TRUE(st.ok()) << rank_tag() << ": destroy failed: " << st.to_string();
+  c.reset();
 }
 
 std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h) {
@@ -53,22 +103,57 @@ std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h) {
   return h;
 }
 
+void mpi_wait(MPI_Request* req) {
+  // A few polls for the common case of peers already there, then a short
+  // sleep between polls: the harness's exchanges are never timed.
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (done != 0) return;
+    if (polls >= 16) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void world_allgather(const void* send, int count, MPI_Datatype type, void* recv) {
+  MPI_Request req;
+  MPI_Iallgather(send, count, type, recv, count, type, MPI_COMM_WORLD, &req);
+  mpi_wait(&req);
+}
+
+void world_allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op) {
+  MPI_Request req;
+  MPI_Iallreduce(send, recv, count, type, op, MPI_COMM_WORLD, &req);
+  mpi_wait(&req);
+}
+
+void world_bcast(void* buf, int count, MPI_Datatype type, int root) {
+  MPI_Request req;
+  MPI_Ibcast(buf, count, type, root, MPI_COMM_WORLD, &req);
+  mpi_wait(&req);
+}
+
+void world_barrier() {
+  MPI_Request req;
+  MPI_Ibarrier(MPI_COMM_WORLD, &req);
+  mpi_wait(&req);
+}
+
 std::vector<std::uint64_t> allgather_u64(std::uint64_t v) {
   std::vector<std::uint64_t> all(static_cast<std::size_t>(world_size()));
-  MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  world_allgather(&v, 1, MPI_UINT64_T, all.data());
   return all;
 }
 
 std::vector<int> allgather_int(int v) {
   std::vector<int> all(static_cast<std::size_t>(world_size()));
-  MPI_Allgather(&v, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  world_allgather(&v, 1, MPI_INT, all.data());
   return all;
 }
 
 bool all_true(bool v) {
-  int mine = v ? 1 : 0;
+  const int mine = v ? 1 : 0;
   int all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  world_allreduce(&mine, &all, 1, MPI_INT, MPI_MIN);
   return all == 1;
 }
 

@@ -31,9 +31,31 @@ void set_world(std::unique_ptr<Comm> c);
 // ranks), so an error that poisons it cannot spill into the next test.
 // Null (with a gtest failure recorded) if the split fails.
 std::unique_ptr<Comm> fresh_comm();
+// Destroys `c` now (its queued work first; a failure is a gtest failure).
+void destroy_comm(std::unique_ptr<Comm>& c);
+// parent.split and c.destroy, which print "[slow split]" or "[slow destroy]"
+// with `what` when they take longer than kSlowSetupSeconds: a split by
+// phase (CommImpl::setup_times). The host this suite runs on sometimes
+// stalls a test of a second for tens of seconds, and the log then says
+// which step waited. fresh_comm and destroy_comm go through them.
+inline constexpr double kSlowSetupSeconds = 2.0;
+Status timed_split(Comm& parent, int color, int key, std::unique_ptr<Comm>* out, const char* what);
+Status timed_destroy(Comm& c, const char* what);
 
 // FNV-1a over bytes; `h` chains calls.
 std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h = 1469598103934665603ull);
+
+// MPI_COMM_WORLD collectives for the tests' own bookkeeping, waited for
+// without spinning (mpi_wait). MPICH's blocking calls poll in a tight loop,
+// and with more ranks than cores the ranks spinning there kept the CPU from
+// the threads of the rank they waited for: this host's scheduler left such
+// a thread (a communicator's worker, which destroy joins) runnable for 10-80
+// s without running it, and the test that took a second took that long.
+void mpi_wait(MPI_Request* req);
+void world_allgather(const void* send, int count, MPI_Datatype type, void* recv);
+void world_allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op);
+void world_bcast(void* buf, int count, MPI_Datatype type, int root);
+void world_barrier();
 
 // One value from every rank (MPI, outside anything timed).
 std::vector<std::uint64_t> allgather_u64(std::uint64_t v);

@@ -52,7 +52,7 @@ TEST(Comm, TopologyMatchesMpiAndDeclaredNodes) {
   std::vector<int> nodes(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) nodes[static_cast<std::size_t>(r)] = w.node_of(r);
   std::vector<int> all(static_cast<std::size_t>(n * n));
-  MPI_Allgather(nodes.data(), n, MPI_INT, all.data(), n, MPI_INT, MPI_COMM_WORLD);
+  world_allgather(nodes.data(), n, MPI_INT, all.data());
   for (int r = 0; r < n; ++r) {
     for (int q = 0; q < n; ++q) {
       EXPECT_EQ(all[static_cast<std::size_t>(r * n + q)], nodes[static_cast<std::size_t>(q)])
@@ -148,9 +148,9 @@ TEST(Comm, FromUniqueIdBroadcastWithMpi) {
   if (world_rank() == 0) st = Comm::create_unique_id(&id);
   // Rank 0's outcome decides whether anyone proceeds, so no one waits alone.
   int ok = st.ok() ? 1 : 0;
-  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  world_bcast(&ok, 1, MPI_INT, 0);
   ASSERT_EQ(ok, 1) << rank_tag() << ": create_unique_id on rank 0 failed: " << st.to_string();
-  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  world_bcast(&id, sizeof id, MPI_BYTE, 0);
 
   // Ranks given in reverse of MPI's order: the communicator must use the
   // rank passed to init_rank, not the launcher's.
@@ -190,7 +190,7 @@ int free_port() {
 
 TEST(Comm, FromTorchrunEnvironment) {
   int port = world_rank() == 0 ? free_port() : 0;
-  MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  world_bcast(&port, 1, MPI_INT, 0);
   ASSERT_GT(port, 0) << "no free port on rank 0";
   const int n = world_size();
   // LOCAL_RANK as torchrun sets it: the index on this (declared) node.
@@ -230,7 +230,7 @@ void check_split(Comm& parent, int color, int key, const char* what) {
   const int n = parent.size();
   std::vector<int> colors = allgather_int(color), keys = allgather_int(key);
   std::unique_ptr<Comm> sub;
-  Status st = parent.split(color, key, &sub);
+  Status st = timed_split(parent, color, key, &sub, what);
   ASSERT_TRUE(st.ok()) << rank_tag() << ": " << what << ": split(" << color << ", " << key << "): " << st.to_string();
   if (color < 0) {
     EXPECT_EQ(sub, nullptr) << rank_tag() << ": " << what << ": color -1 must give no communicator";
@@ -252,14 +252,14 @@ void check_split(Comm& parent, int color, int key, const char* what) {
 
   // A split of the split, and a collective on it.
   std::unique_ptr<Comm> sub2;
-  st = sub->split(sub->rank() % 2, sub->rank(), &sub2);
+  st = timed_split(*sub, sub->rank() % 2, sub->rank(), &sub2, "nested split");
   ASSERT_TRUE(st.ok()) << rank_tag() << ": " << what << ": nested split: " << st.to_string();
   ASSERT_NE(sub2, nullptr);
   std::int64_t want = 0;
   for (std::size_t i = static_cast<std::size_t>(sub->rank() % 2); i < m.size(); i += 2) want += m[i];
   expect_allreduce_sum(*sub2, parent.rank(), want, "nested split");
-  EXPECT_TRUE(sub2->destroy().ok());
-  EXPECT_TRUE(sub->destroy().ok());
+  EXPECT_TRUE(timed_destroy(*sub2, "nested split").ok());
+  EXPECT_TRUE(timed_destroy(*sub, what).ok());
   (void)n;
 }
 
@@ -301,6 +301,36 @@ TEST(Comm, SplitSubCommsRunConcurrently) {
     EXPECT_EQ(b[4098], static_cast<float>(top + it));
     EXPECT_EQ(y, std::int64_t{n} * (n - 1) / 2);
   }
+}
+
+TEST(Comm, SplitRecordsWhereItsTimeWent) {
+  // The phases a split's communicator records (CommImpl::setup_times, and
+  // shutdown_times for its destroy), which CCLZ_DEBUG=INFO and a slow test
+  // print: each took some time, and together no longer than the call.
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  std::unique_ptr<Comm> sub;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(c->split(0, c->rank(), &sub).ok());
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_NE(sub, nullptr);
+  const detail::CommImpl::SetupTimes& t = sub->impl()->setup_times();
+  EXPECT_GT(t.connect_s, 0.0) << rank_tag();
+  EXPECT_GT(t.shm_s, 0.0) << rank_tag();
+  EXPECT_GT(t.start_s, 0.0) << rank_tag();
+  EXPECT_LE(t.connect_s + t.shm_s + t.start_s, wall) << rank_tag();
+  // And its destroy's phases (Engine::shutdown_times), zeros before it.
+  EXPECT_EQ(sub->impl()->shutdown_times().transport_s, 0.0) << rank_tag();
+  const auto d0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(sub->destroy().ok());
+  const double destroy_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
+  const detail::Engine::ShutdownTimes d = sub->impl()->shutdown_times();
+  EXPECT_GT(d.worker_s, 0.0) << rank_tag();
+  EXPECT_GT(d.transport_s, 0.0) << rank_tag();
+  EXPECT_LE(d.worker_s + d.idle_s + d.transport_s, destroy_wall) << rank_tag();
+  // A communicator made from MPI, not split, connected nothing of its own.
+  EXPECT_EQ(world().impl()->setup_times().connect_s, 0.0) << rank_tag();
+  EXPECT_GT(world().impl()->setup_times().shm_s, 0.0) << rank_tag();
 }
 
 // ---- point to point ------------------------------------------------------------
@@ -459,7 +489,7 @@ class SharedCounter {
  public:
   SharedCounter() {
     int pid = world_rank() == 0 ? static_cast<int>(::getpid()) : 0;
-    MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    world_bcast(&pid, 1, MPI_INT, 0);
     name_ = "/cclz-test-barrier-" + std::to_string(pid);
     if (world_rank() == 0) {
       int fd = ::shm_open(name_.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
@@ -471,7 +501,7 @@ class SharedCounter {
       }
       if (fd >= 0) ::close(fd);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    world_barrier();
     int fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
     if (fd >= 0) {
       void* p = ::mmap(nullptr, sizeof(std::uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -481,7 +511,7 @@ class SharedCounter {
   }
   ~SharedCounter() {
     if (word_ != nullptr) ::munmap(word_, sizeof(std::uint64_t));
-    MPI_Barrier(MPI_COMM_WORLD);
+    world_barrier();
     if (world_rank() == 0) ::shm_unlink(name_.c_str());
   }
   bool ok() const { return word_ != nullptr; }
@@ -516,9 +546,9 @@ TEST(Comm, BarrierHoldsEveryRankBack) {
   }
   for (const std::string& algo : algos) {
     // Outside the check: nobody still reads the last round when it resets.
-    MPI_Barrier(MPI_COMM_WORLD);
+    world_barrier();
     if (r == 0) counter.reset();
-    MPI_Barrier(MPI_COMM_WORLD);  // outside the check: everyone sees the reset
+    world_barrier();  // outside the check: everyone sees the reset
     CallOptions o;
     o.algorithm = algo;
     constexpr int kRounds = 10;

@@ -211,8 +211,7 @@ void expect_same_on_every_rank(const Tally& t) {
   const int n = world_size();
   std::vector<std::uint64_t> all(t.hashes.size() * static_cast<std::size_t>(n));
   if (!t.hashes.empty()) {
-    MPI_Allgather(t.hashes.data(), static_cast<int>(t.hashes.size()), MPI_UINT64_T, all.data(),
-                  static_cast<int>(t.hashes.size()), MPI_UINT64_T, MPI_COMM_WORLD);
+    world_allgather(t.hashes.data(), static_cast<int>(t.hashes.size()), MPI_UINT64_T, all.data());
   }
   int reported = 0;
   for (std::size_t i = 0; i < t.hashes.size() && reported < 5; ++i) {
@@ -343,6 +342,7 @@ TEST_P(Matrix, BitExact) {
                 secs);
     std::fflush(stdout);
   }
+  destroy_comm(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Coll, Matrix, ::testing::ValuesIn(matrix_params()), param_name);
