@@ -46,8 +46,8 @@ step "meson test ($build)" $((SECONDS - t)) "$([[ $main_rc -eq 0 ]] && echo ok |
 # ASan/UBSan in a build of its own (b_lundef=false: the sanitizer runtimes
 # resolve symbols at load time), at -O1 with line tables only (-g1): the
 # reports still name file and line, and the build takes about half the time
-# of -O2 -g (250 against about 530 s on 2 cores) for suites about 10% slower. Only the multi-rank binaries are built: the
-# point is cclz's code under real processes, UCX and MPICH, and with ranks
+# of -O2 -g (250 against about 530 s on 2 cores) for suites about 10%
+# slower. Only the multi-rank binaries are built: the point is cclz's code under real processes, UCX and MPICH, and with ranks
 # as threads of one process (the unit and communicator suites: the engine's
 # worker, requests, the C API). The options:
 #   halt_on_error=1   any ASan/UBSan report ends the process, so the test fails

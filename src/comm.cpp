@@ -38,6 +38,8 @@ std::string fmt_seconds(double s) {
   return buf;
 }
 
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
 std::string fmt_ms(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
@@ -699,9 +701,6 @@ Status Engine::shutdown() {
   }
   // The worker drains the queue and what is in flight (an inline waiter may
   // help), each wait bounded by CCLZ_TIMEOUT, then exits.
-  const auto seconds_since = [](Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
   ShutdownTimes times;
   Clock::time_point t0 = Clock::now();
   worker_cv_.notify_all();
@@ -804,9 +803,6 @@ Status CommImpl::create(World world, Topology topo, const Config& cfg, SubgroupC
                                         std::to_string(world.ranks.size()) + " rank infos for " +
                                         std::to_string(n) + " ranks"};
   }
-  const auto seconds_since = [](Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
   SetupTimes times;
   times.connect_s = connect_s;
   std::unique_ptr<ShmWindow> shm;
@@ -1170,8 +1166,8 @@ Status CommImpl::split(int color, int key, std::unique_ptr<Comm>* out) {
     if (Status st = connect_(engine_->transport(), members, tag_base, ranks_, g.deadline(), &w); !st.ok()) {
       return st;
     }
-    const double connect_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    return create(std::move(w), topology_from_labels(labels, "parent"), cfg_, connect_, result.get(), connect_s);
+    return create(std::move(w), topology_from_labels(labels, "parent"), cfg_, connect_, result.get(),
+                  seconds_since(t0));
   };
   Request r = run_custom("split", "color " + std::to_string(color) + ", key " + std::to_string(key), std::move(body));
   if (Status st = r.wait(); !st.ok()) return st;

@@ -23,6 +23,9 @@ std::unique_ptr<Comm>& world_slot() {
   static std::unique_ptr<Comm> w;
   return w;
 }
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 }  // namespace
 
 int world_rank() {
@@ -39,12 +42,6 @@ int world_size() {
 
 Comm& world() { return *world_slot(); }
 void set_world(std::unique_ptr<Comm> c) { world_slot() = std::move(c); }
-
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace
 
 Status timed_split(Comm& parent, int color, int key, std::unique_ptr<Comm>* out, const char* what) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -34,10 +34,10 @@ std::unique_ptr<Comm> fresh_comm();
 // Destroys `c` now (its queued work first; a failure is a gtest failure).
 void destroy_comm(std::unique_ptr<Comm>& c);
 // parent.split and c.destroy, which print "[slow split]" or "[slow destroy]"
-// with `what` when they take longer than kSlowSetupSeconds: a split by
-// phase (CommImpl::setup_times). The host this suite runs on sometimes
-// stalls a test of a second for tens of seconds, and the log then says
-// which step waited. fresh_comm and destroy_comm go through them.
+// with `what` and the phases (CommImpl::setup_times, shutdown_times) when
+// they take longer than kSlowSetupSeconds, so that a stalled run's log says
+// which step waited (how the harness's spinning MPI waits were found).
+// fresh_comm and destroy_comm go through them.
 inline constexpr double kSlowSetupSeconds = 2.0;
 Status timed_split(Comm& parent, int color, int key, std::unique_ptr<Comm>* out, const char* what);
 Status timed_destroy(Comm& c, const char* what);
