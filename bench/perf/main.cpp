@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -130,6 +131,40 @@ struct Buffers {
   Buffer send, recv, inplace;
 };
 
+// What --touch does to a call's buffers before it is timed: writes one
+// byte of every cache line of the input (its own value back, so the data
+// stay as filled) and reads one of every line of the output, as a training
+// step's backward writes the gradients and its optimizer reads the result.
+struct Touch {
+  std::byte* in = nullptr;
+  std::size_t in_bytes = 0;
+  const std::byte* out = nullptr;
+  std::size_t out_bytes = 0;
+
+  void apply() const noexcept {
+    each_line(in, in_bytes, [](std::byte* p) {
+      volatile std::byte* v = p;
+      *v = *v;
+    });
+    unsigned sum = 0;
+    each_line(const_cast<std::byte*>(out), out_bytes,
+              [&](std::byte* p) { sum += static_cast<unsigned>(*static_cast<volatile const std::byte*>(p)); });
+    sink = sum;
+  }
+
+ private:
+  // One byte in each 64-byte line that [p, p + n) overlaps.
+  template <class F>
+  static void each_line(std::byte* p, std::size_t n, F&& f) noexcept {
+    if (n == 0) return;
+    const auto first = reinterpret_cast<std::uintptr_t>(p);
+    for (std::uintptr_t line = first & ~std::uintptr_t{63}; line < first + n; line += 64) {
+      f(p + (std::max(line, first) - first));
+    }
+  }
+  static inline volatile unsigned sink = 0;
+};
+
 class Bench {
  public:
   Bench(const Options& o, Comm& comm, MpiBaseline* mpi, const RunInfo& info, Buffers& buf)
@@ -152,8 +187,9 @@ class Bench {
   Status call(const CollCase& c, const testing::VLayout& v, const void* s, void* r, const CallOptions& opt);
   // Times `iters` calls of `fn` after `warmup` untimed ones; per-iteration
   // seconds, max over ranks. Sets *failed (on every rank) if any rank failed.
+  // With --touch, `touch` is applied before each timed call (see Touch).
   template <class Fn>
-  double time_loop(Fn&& fn, bool* failed, bool cclz_start);
+  double time_loop(Fn&& fn, bool* failed, bool cclz_start, const Touch& touch);
   long long sum_over_ranks(long long v) const;
   bool any_rank(bool v) const;
 
@@ -201,8 +237,11 @@ Status Bench::call(const CollCase& c, const testing::VLayout& v, const void* s, 
 // its loop first would spin in the MPI_Allreduce below while its peers are
 // still timing (each costs a scheduler slice, milliseconds). Each library
 // is timed between its own barriers.
+// With --touch each call is timed alone, after this rank has touched its
+// buffers and every rank has passed the library's own barrier (cclz's for
+// cclz, MPI's for MPI), so that no rank's touch is timed as its peers' wait.
 template <class Fn>
-double Bench::time_loop(Fn&& fn, bool* failed, bool cclz_start) {
+double Bench::time_loop(Fn&& fn, bool* failed, bool cclz_start, const Touch& touch) {
   using clock = std::chrono::steady_clock;
   bool bad = false;
   for (int i = 0; i < o_.warmup && !bad; ++i) bad = !fn();
@@ -216,9 +255,25 @@ double Bench::time_loop(Fn&& fn, bool* failed, bool cclz_start) {
     *failed = true;
     return 0;
   }
-  const auto t0 = clock::now();
-  for (int i = 0; i < o_.iters && !bad; ++i) bad = !fn();
-  const double local = std::chrono::duration<double>(clock::now() - t0).count() / o_.iters;
+  double local = 0;
+  if (o_.touch) {
+    for (int i = 0; i < o_.iters && !bad; ++i) {
+      touch.apply();
+      if (cclz_start) {
+        bad = !comm_.barrier().wait().ok();
+      } else {
+        MPI_Barrier(MPI_COMM_WORLD);
+      }
+      const auto t0 = clock::now();
+      if (!bad) bad = !fn();
+      local += std::chrono::duration<double>(clock::now() - t0).count();
+    }
+    local /= o_.iters;
+  } else {
+    const auto t0 = clock::now();
+    for (int i = 0; i < o_.iters && !bad; ++i) bad = !fn();
+    local = std::chrono::duration<double>(clock::now() - t0).count() / o_.iters;
+  }
   // And nobody enters MPI (busy-polling) while a peer is still timing.
   if (cclz_start && !bad) bad = !comm_.barrier().wait().ok();
   double worst = 0;
@@ -296,9 +351,12 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
     if (any_rank(!ok)) return failed_ = true, row;
     row.oop.wrong = sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, r)));
   }
-  double secs = time_loop([&] { return fail(call(c, v, s, r, opt)); }, &failed, true);
+  const Touch oop_touch{s, bc.send * es, r, bc.recv * es};
+  double secs = time_loop([&] { return fail(call(c, v, s, r, opt)); }, &failed, true, oop_touch);
   if (failed) return failed_ = true, row;
-  const long long oop_wrong = row.oop.wrong;
+  long long oop_wrong = row.oop.wrong;
+  // The timed calls ran on touched inputs: their output must still be exact.
+  if (o_.check && o_.touch) oop_wrong += sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, r)));
   finish(&row.oop, secs);
   row.oop.wrong = oop_wrong;
 
@@ -317,7 +375,8 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
       if (any_rank(!ok)) return failed_ = true, row;
       wrong = sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, ir)));
     }
-    secs = time_loop([&] { return fail(call(c, v, is, ir, opt)); }, &failed, true);
+    secs = time_loop([&] { return fail(call(c, v, is, ir, opt)); }, &failed, true,
+                     Touch{is, bc.send * es, ir, bc.recv * es});
     if (failed) return failed_ = true, row;
     finish(&row.ip, secs);
     row.ip.wrong = wrong;
@@ -327,7 +386,7 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
   std::string why;
   if (mpi_ != nullptr && mpi_->available(c, &why)) {
     testing::fill_input(c, rank_, s);
-    secs = time_loop([&] { return mpi_->run(c, &v, s, r) == MPI_SUCCESS; }, &failed, false);
+    secs = time_loop([&] { return mpi_->run(c, &v, s, r) == MPI_SUCCESS; }, &failed, false, oop_touch);
     if (!failed) {
       finish(&row.mpi, secs);
     }
@@ -468,6 +527,7 @@ int run(int argc, char** argv) {
   info.mpi = o.mpi_baseline;
   info.buffers = o.buffers;
   info.offset = o.offset;
+  info.touch = o.touch;
   info.roof = o.kind == CollKind::all_reduce && info.nodes == 1;
   info.copiers_n = std::max(1, std::min(info.local_ranks, info.cores));
 

@@ -110,6 +110,13 @@ Options (as nccl-tests unless marked cclz):
       --offset B          cclz: buffers start B bytes past a 64-byte boundary
                           (0-56, a multiple of 8; default 0). malloc's large
                           blocks sit 16 bytes past a page.
+      --touch             cclz: before each timed call, every rank writes each
+                          cache line of its input and reads each line of its
+                          output (as a training step's compute does between
+                          collectives); each call is then timed alone after a
+                          barrier, touch and barrier untimed. Default: calls
+                          back to back, as nccl-tests times them, on buffers
+                          the previous call left in the caches.
       --json FILE         cclz: also write every row as JSON (rank 0)
       --csv FILE          cclz: also write every row as CSV (rank 0)
       --no-mpi            cclz: skip the MPI baseline columns
@@ -167,6 +174,8 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
       o.help = true;
     } else if (name == "--no-mpi") {
       o.mpi_baseline = false;
+    } else if (name == "--touch") {
+      o.touch = true;
     } else if (name == "-b" || name == "--minbytes") {
       if (!take(&v)) return false;
       if (!parse_bytes(v, &o.min_bytes)) return *error = "bad size for -b: " + v, false;

@@ -38,6 +38,12 @@ struct Options {
   // alignment of a program's own arrays: glibc's large blocks sit 16 bytes
   // past a page).
   std::size_t offset = 0;
+  // --touch: before each timed call every rank writes each cache line of
+  // its input and reads each line of its output, as the compute between a
+  // training step's collectives does, so that a call finds its inputs in
+  // the writer's cache and not in the reader's from the call before; each
+  // call is then timed alone, after a barrier (touch and barrier untimed).
+  bool touch = false;
   // --compressor SPEC (repeatable): time the compressed all-reduce instead
   // of the dense table (bench/perf/compressed.cpp); --requant picks the
   // re-quantizable scheme.

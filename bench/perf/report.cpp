@@ -85,7 +85,12 @@ void print_header(std::FILE* f, const RunInfo& i) {
                "%zu MB per copier): 1 copier %.2f GB/s, %d concurrent %.2f GB/s (memcpy %.2f, streamed %.2f)\n",
                i.copy_bytes >> 20, i.copy_bw_1 / kGB, i.copiers_n, i.copy_bw_n / kGB, i.copy_bw_n_memcpy / kGB,
                i.copy_bw_n_streamed / kGB);
-  std::fprintf(f, "# time = per-iteration average on each rank, max over ranks; GB = 1e9 bytes\n");
+  if (i.touch) {
+    std::fprintf(f, "# time = per-call average on each rank, max over ranks; GB = 1e9 bytes; --touch: before each "
+                 "call every rank wrote its input's cache lines and read its output's, then a barrier (untimed)\n");
+  } else {
+    std::fprintf(f, "# time = per-iteration average on each rank, max over ranks; GB = 1e9 bytes\n");
+  }
   if (i.roof) {
     std::fprintf(f, "# %%roof = busbw(out-of-place) / roofline busbw; roofline time = 2*n*size / (%d-copier "
                  "bandwidth) (docs/performance.md)\n",
@@ -230,7 +235,8 @@ bool write_json(const std::string& path, const RunInfo& i, const std::vector<Row
                json_escape(i.version).c_str(), i.collective.c_str());
   std::fprintf(f, "  \"ranks\": %d, \"nodes\": %d, \"local_ranks\": %d, \"cores\": %d, \"host\": \"%s\",\n", i.nranks,
                i.nodes, i.local_ranks, i.cores, json_escape(i.host).c_str());
-  std::fprintf(f, "  \"iters\": %d, \"warmup\": %d, \"check\": %s,\n", i.iters, i.warmup, i.check ? "true" : "false");
+  std::fprintf(f, "  \"iters\": %d, \"warmup\": %d, \"check\": %s, \"touch\": %s,\n", i.iters, i.warmup,
+               i.check ? "true" : "false", i.touch ? "true" : "false");
   std::fprintf(f,
                "  \"copy_bw_1_gbs\": %s, \"copy_bw_n_gbs\": %s, \"copy_bw_n_memcpy_gbs\": %s, "
                "\"copy_bw_n_streamed_gbs\": %s, \"copiers_n\": %d, \"llc_bytes\": %zu,\n",

@@ -65,6 +65,7 @@ struct RunInfo {
   bool mpi = true;
   BufferKind buffers = BufferKind::heap;  // -R
   std::size_t offset = 0;     // --offset: bytes past a 64-byte boundary
+  bool touch = false;         // --touch: buffers touched between calls, each call timed alone
   bool roof = false;          // roofline column printed (all_reduce on one host)
 };
 

@@ -12,12 +12,15 @@
    collective runs.
 3. Buffers from cclz::mem_alloc and heap buffers registered with
    cclz::register_buffer (-R 1, -R 2), at sizes of the direct path: exact.
-4. perf_tables.py --plot: the markdown tables and a PNG of the curves, from
+4. --touch (buffers touched between calls): said in the header and the
+   JSON, and the timed calls' output is exact.
+5. perf_tables.py --plot: the markdown tables and a PNG of the curves, from
    its own runs and from a CSV of step 1 (--from-csv, as scripts/main.sh).
 Every command is bounded in time; every failure is reported, then the test
 exits 1 if there was any.
 """
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -99,6 +102,29 @@ def check_buffer_kinds(tmp):
                 fail(f"{' '.join(cmd)}: rows {rows}")
 
 
+def check_touch(tmp):
+    """--touch: each call timed alone on touched buffers; the header and the
+    JSON say so, the output of cclz's last timed call (on the touched
+    inputs) is still exact, and MPI is timed the same way beside it."""
+    for coll in ("all_reduce", "all_to_all"):
+        path = os.path.join(tmp, f"{coll}-touch.json")
+        cmd = [MPIEXEC, "-n", "3", PERF, coll, "-c", "1", "-b", "4K", "-e", "1M", "-f", "16", "-n", "3", "-w", "1",
+               "--touch", "--json", path]
+        rc, out, err = run(cmd)
+        if rc != 0 or "--touch: before each call every rank wrote its input" not in out:
+            fail(f"{' '.join(cmd)}: exit {rc}, header without --touch\n{out[-2000:]}\n{err[-2000:]}")
+            continue
+        with open(path) as f:
+            doc = json.load(f)
+        rows = doc["rows"]
+        if doc.get("touch") is not True or len(rows) != 3:
+            fail(f"{' '.join(cmd)}: touch {doc.get('touch')!r}, {len(rows)} rows, want true and 3")
+        for r in rows:
+            mpi = r["mpi"] or {}
+            if r["out_of_place"]["wrong"] != 0 or not mpi.get("time_us"):
+                fail(f"{' '.join(cmd)}: row {r}")
+
+
 def check_errors():
     cases = [
         (["all_reduce", "-d", "f32,f33"], "unknown data type: f33"),
@@ -171,6 +197,7 @@ with tempfile.TemporaryDirectory() as tmp:
         for ranks in (2, 3):
             check_sweep(tmp, coll, ranks)
     check_buffer_kinds(tmp)
+    check_touch(tmp)
     check_tables(tmp)
 
 if failures:
