@@ -173,12 +173,18 @@ inline void copy_own_half(void* dst, const void* src, std::size_t bytes, int hal
 // mem_alloc buffers on 2 bound ranks in both of the test host's placements
 // (interleaved against the staged path): from these sizes up the direct
 // path was faster in both (all-reduce 32 KB 0.46-0.64x the staged time,
-// reduce-scatter and all-to-all 64 KB 0.62-0.94x, all-gather 128 KB
-// 0.56-0.72x); one step below, each lost in one of them (1.12-1.26x).
-constexpr std::uint64_t direct_probe_min_bytes(CollKind kind) noexcept {
+// reduce-scatter 64 KB 0.62-0.94x, all-gather 128 KB 0.56-0.72x, all-to-all
+// 32 KB and broadcast 16 KB 0.3-0.6x); one step below, each lost in one of
+// them. Where the ranks outnumber the cores, each of the direct call's
+// three hand-offs may wait for the scheduler: the all-to-all and broadcast
+// then keep 64 KB (4 ranks on 2 cores, 2 rounds: the broadcast of 16 KB
+// took 1.7-6.5x as long direct, the all-to-all of 32 KB 1.7x in one).
+constexpr std::uint64_t direct_probe_min_bytes(CollKind kind, bool oversubscribed) noexcept {
   switch (kind) {
     case CollKind::all_reduce: return std::uint64_t{32} << 10;
     case CollKind::all_gather: return std::uint64_t{128} << 10;
+    case CollKind::all_to_all: return std::uint64_t{oversubscribed ? 64u : 32u} << 10;
+    case CollKind::broadcast: return std::uint64_t{oversubscribed ? 64u : 16u} << 10;
     default: return std::uint64_t{64} << 10;
   }
 }
@@ -235,7 +241,8 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   *ran = false;
   detail::ShmWindow& w = *g.shm();
   const std::uint64_t bytes = largest, threshold = w.direct_min_bytes();
-  if (threshold == detail::ShmWindow::kDirectOff || bytes < std::min(threshold, direct_probe_min_bytes(a.kind))) {
+  const std::uint64_t floor = std::min(threshold, direct_probe_min_bytes(a.kind, w.oversubscribed()));
+  if (threshold == detail::ShmWindow::kDirectOff || bytes < floor) {
     return {};
   }
   // A call cross-memory attach could take always asks (heap buffers then go

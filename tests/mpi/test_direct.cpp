@@ -56,7 +56,8 @@ Request issue(Comm& c, const CollCase& cc, const void* s, void* r, const CallOpt
 // or the probing band's floor below it.
 std::uint64_t direct_floor(Comm& c, CollKind kind) {
   const std::uint64_t t = c.impl()->direct_min_bytes();
-  return t == detail::ShmWindow::kDirectOff ? t : std::min(t, coll::shm::direct_probe_min_bytes(kind));
+  if (t == detail::ShmWindow::kDirectOff) return t;
+  return std::min(t, coll::shm::direct_probe_min_bytes(kind, c.impl()->shm_oversubscribed()));
 }
 
 // Whether a call of heap buffers goes direct through cross-memory attach
@@ -402,7 +403,8 @@ TEST(DirectProbe, BelowThresholdAsksWhileTaken) {
   const std::uint64_t threshold = c->impl()->direct_min_bytes();
   constexpr CollKind kKind = CollKind::reduce_scatter;
   constexpr std::size_t kBandBytes = 96u << 10;
-  static_assert(kBandBytes >= coll::shm::direct_probe_min_bytes(kKind) &&
+  static_assert(kBandBytes >= coll::shm::direct_probe_min_bytes(kKind, false) &&
+                kBandBytes >= coll::shm::direct_probe_min_bytes(kKind, true) &&
                 kBandBytes < coll::shm::cma_min_bytes(kKind, false));
   const bool band = direct_expected(*c) && threshold != detail::ShmWindow::kDirectOff && threshold > kBandBytes;
   const CollCase small{kKind, DataType::f32, ReduceOp::sum,
@@ -444,6 +446,57 @@ TEST(DirectProbe, BelowThresholdAsksWhileTaken) {
   }
   EXPECT_EQ(direct() - d0, 0u) << rank_tag() << ": went direct although rank 0's buffers are heap";
   expect_same_everywhere(hashes);
+}
+
+// The probing band's floor of every collective (direct_probe_min_bytes: by
+// collective, and higher where the ranks outnumber the cores): mem_alloc
+// calls whose largest buffer is one element short of it stay staged, calls
+// that reach it go direct, in and out of place, all bit exact.
+TEST(DirectProbe, FloorPerCollective) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  const std::size_t es = dtype_size(DataType::f32);
+  std::vector<std::uint64_t> hashes;
+  std::uint64_t eligible_calls = 0, below_floor = 0;
+  const std::uint64_t before = c->impl()->direct_calls();
+  for (CollKind kind : kKinds) {
+    const testing::CollInfo& info = testing::coll_info(kind);
+    const std::uint64_t floor = direct_floor(*c, kind);
+    if (floor == detail::ShmWindow::kDirectOff) continue;
+    // Bytes of the largest buffer per element of `count`.
+    const bool per_rank_blocks =
+        kind == CollKind::reduce_scatter || kind == CollKind::all_gather || kind == CollKind::all_to_all;
+    const std::size_t unit = es * (per_rank_blocks ? static_cast<std::size_t>(n) : 1);
+    const std::size_t at = (floor + unit - 1) / unit, short_of = at - 1;
+    ASSERT_GE(at * unit, floor);
+    ASSERT_LT(short_of * unit, floor);
+    for (std::size_t count : {short_of, at}) {
+      for (bool in_place : {false, true}) {
+        if (in_place && !info.has_in_place) continue;
+        CollCase cc{kind, DataType::f32, ReduceOp::sum, count, 0, n};
+        bool eligible = false;
+        const std::uint64_t d0 = c->impl()->direct_calls();
+        ASSERT_TRUE(run_one(*c, cc, in_place, Memory::mem_alloc, "shm", &hashes, &eligible));
+        eligible_calls += eligible;
+        if (count == short_of) {
+          ++below_floor;
+          EXPECT_EQ(c->impl()->direct_calls(), d0)
+              << rank_tag() << ": " << info.name << " of " << count * unit << " bytes, below the floor of " << floor
+              << ", went direct";
+        }
+      }
+    }
+  }
+  expect_same_everywhere(hashes);
+  const std::uint64_t direct = c->impl()->direct_calls() - before;
+  if (direct_expected(*c)) {
+    EXPECT_GT(below_floor, 0u);
+    EXPECT_GT(eligible_calls, 0u) << rank_tag() << ": no call reached the shm algorithm";
+    EXPECT_EQ(direct, eligible_calls) << rank_tag() << ": calls at the floor that should have gone direct";
+  } else {
+    EXPECT_EQ(direct, 0u) << rank_tag() << ": the direct path ran where it should not";
+  }
 }
 
 // More buffers than a rank keeps peers' mappings of (64): each call's
