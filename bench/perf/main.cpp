@@ -147,15 +147,15 @@ struct Touch {
       *v = *v;
     });
     unsigned sum = 0;
-    each_line(const_cast<std::byte*>(out), out_bytes,
-              [&](std::byte* p) { sum += static_cast<unsigned>(*static_cast<volatile const std::byte*>(p)); });
+    each_line(out, out_bytes,
+              [&](const std::byte* p) { sum += static_cast<unsigned>(*static_cast<volatile const std::byte*>(p)); });
     sink = sum;
   }
 
  private:
   // One byte in each 64-byte line that [p, p + n) overlaps.
-  template <class F>
-  static void each_line(std::byte* p, std::size_t n, F&& f) noexcept {
+  template <class Byte, class F>
+  static void each_line(Byte* p, std::size_t n, F&& f) noexcept {
     if (n == 0) return;
     const auto first = reinterpret_cast<std::uintptr_t>(p);
     for (std::uintptr_t line = first & ~std::uintptr_t{63}; line < first + n; line += 64) {

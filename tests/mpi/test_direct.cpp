@@ -111,9 +111,7 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, Memory memory, const st
     if (!algo.empty()) return true;  // not offered here (one rank, several nodes): nothing to test
     ran.clear();
   }
-  const bool per_rank_blocks = cc.kind == CollKind::reduce_scatter || cc.kind == CollKind::all_gather ||
-                               cc.kind == CollKind::all_to_all;
-  const std::size_t largest = cc.count * es * (per_rank_blocks ? static_cast<std::size_t>(cc.nranks) : 1);
+  const std::size_t largest = std::max(bc.send, bc.recv) * es;
   // From the probing band up: these tests' calls below the threshold follow
   // direct ones (or none), so they try too (DirectHistory).
   *eligible = ran == "shm" && cc.count != 0 && largest >= direct_floor(c, cc.kind) &&
@@ -465,9 +463,8 @@ TEST(DirectProbe, FloorPerCollective) {
     const std::uint64_t floor = direct_floor(*c, kind);
     if (floor == detail::ShmWindow::kDirectOff) continue;
     // Bytes of the largest buffer per element of `count`.
-    const bool per_rank_blocks =
-        kind == CollKind::reduce_scatter || kind == CollKind::all_gather || kind == CollKind::all_to_all;
-    const std::size_t unit = es * (per_rank_blocks ? static_cast<std::size_t>(n) : 1);
+    const testing::BufferCounts per_elem = testing::buffer_counts({kind, DataType::f32, ReduceOp::sum, 1, 0, n}, 0);
+    const std::size_t unit = es * std::max(per_elem.send, per_elem.recv);
     const std::size_t at = (floor + unit - 1) / unit, short_of = at - 1;
     ASSERT_GE(at * unit, floor);
     ASSERT_LT(short_of * unit, floor);
