@@ -68,6 +68,7 @@
 #include "cclz/compress.hpp"
 #include "cclz/compressed.hpp"
 #include "comm_impl.hpp"
+#include "shm_alloc.hpp"
 #include "shm_pool.hpp"
 
 namespace cclz_torch {
@@ -825,6 +826,30 @@ at::Tensor shared_empty(const std::vector<int64_t>& sizes, const pybind11::objec
   return at::from_blob(p, sizes, [](void* q) { (void)cclz::mem_free(q); }, options);
 }
 
+// cclz.torch.share_memory_: moves an existing CPU tensor's storage into
+// cclz::mem_alloc memory, as torch's Tensor.share_memory_ moves one into a
+// shared file: every tensor viewing the storage sees the new memory, with
+// the same bytes. A storage that is mem_alloc memory already (cclz.torch.empty,
+// the use_shared_memory pool, a registered buffer) is left where it is.
+at::Tensor share_memory(const at::Tensor& tensor) {
+  if (!tensor.defined()) throw std::invalid_argument("cclz.torch.share_memory_: the tensor is undefined");
+  if (!tensor.device().is_cpu())
+    throw std::invalid_argument("cclz.torch.share_memory_: only CPU tensors can move, this one is on " +
+                                tensor.device().str());
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  const std::size_t bytes = storage->nbytes();
+  void* old = storage->data_ptr().get();
+  cclz::detail::SharedRange range;
+  if (bytes == 0 || cclz::detail::find_shared_range(old, bytes, &range)) return tensor;
+  void* p = nullptr;
+  const cclz::Status st = cclz::mem_alloc(&p, bytes);
+  if (!st.ok()) throw std::runtime_error("cclz.torch.share_memory_: " + st.to_string());
+  std::memcpy(p, old, bytes);
+  // The old memory is released as the returned DataPtr goes out of scope.
+  (void)storage->set_data_ptr(c10::DataPtr(p, p, [](void* q) { (void)cclz::mem_free(q); }, c10::Device(c10::kCPU)));
+  return tensor;
+}
+
 // cclz.torch.use_shared_memory: torch's CPU allocator, serving tensors of at
 // least min_bytes from a pool of shared-memory arenas (detail::ShmPool) and
 // the rest from the allocator it replaced. Tensors torch allocates itself,
@@ -908,6 +933,8 @@ PYBIND11_MODULE(_C, m) {
       "gradients; `future` (torch.futures.Future) then gets the bucket.");
   m.def("empty", &cclz_torch::shared_empty, py::arg("sizes"), py::arg("dtype"),
         "A CPU tensor in memory the node's ranks map from one another (cclz::mem_alloc), zeroed.");
+  m.def("share_memory_", &cclz_torch::share_memory, py::arg("tensor"),
+        "Moves a CPU tensor's storage into memory the node's ranks map from one another; returns the tensor.");
   m.def(
       "use_shared_memory",
       [](std::size_t min_bytes) { cclz_torch::SharedCpuAllocator::install(min_bytes); }, py::arg("min_bytes"),

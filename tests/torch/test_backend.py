@@ -16,6 +16,8 @@ import is slow):
   * DDP with cclz.torch.hook("powersgd:rank=4"): the loss falls; a
     collective issued while a hook all-reduce is queued runs after it;
   * a bad spec raises ValueError naming the spec;
+  * cclz.torch.share_memory_: an existing tensor's storage moves into
+    shared memory with its bytes, views following, and goes direct;
   * tensors from cclz.torch.empty (shared memory): zeroed and page-aligned,
     freed with their storage; collectives on them, views included, match
     the local reference and take the direct path (cclz.torch.direct_calls
@@ -68,8 +70,16 @@ class Checker:
         self.compared_ref = 0
 
     def same(self, what, got, want):
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise AssertionError(f"rank {self.rank}: {what}: cclz {got.dtype} {tuple(got.shape)}, "
+                                 f"expected {want.dtype} {tuple(want.shape)}")
         if not torch.equal(got, want):
-            raise AssertionError(f"rank {self.rank}: {what}: cclz {got.tolist()} != expected {want.tolist()}")
+            # A few elements only: the message travels through a pipe that
+            # the parent reads once every rank has ended.
+            bad = (got != want).reshape(-1).nonzero().reshape(-1)
+            first = [(int(i), got.reshape(-1)[i].item(), want.reshape(-1)[i].item()) for i in bad[:5]]
+            raise AssertionError(f"rank {self.rank}: {what}: {bad.numel()} of {got.numel()} elements differ; "
+                                 f"(index, cclz, expected): {first}")
 
     def against_gloo(self, what, run, reference):
         """run(group) returns the result tensor; compare cclz with gloo, or
@@ -294,6 +304,49 @@ def check_shared(ck):
     del v
     if open_fds() != before:
         raise AssertionError(f"cclz.torch.empty: {open_fds() - before} descriptors left after freeing 20 tensors")
+
+    # share_memory_ moves an existing heap tensor's storage: views follow it
+    # with the same bytes, the memory is freed with the storage, and the
+    # collectives on it go direct.
+    count = (1 << 20) + 3
+    inputs = [rank_input(r, count, torch.float32) for r in range(n)]
+    base = torch.zeros(count + 9)
+    view = base[4:4 + count]
+    view.copy_(inputs[rank])
+    old = base.data_ptr()
+    if cclz.torch.share_memory_(base) is not base:
+        raise AssertionError("cclz.torch.share_memory_ did not return its tensor")
+    if base.data_ptr() == old or base.data_ptr() % 4096 or view.data_ptr() != base.data_ptr() + 16:
+        raise AssertionError(f"cclz.torch.share_memory_: storage at {base.data_ptr():#x} (was {old:#x}), "
+                             f"view at {view.data_ptr():#x}")
+    ck.same("a view after share_memory_", view, inputs[rank])
+    before = cclz.torch.direct_calls()
+    dist.all_reduce(view)
+    ck.same("all_reduce of a view into a share_memory_ tensor", view, reference_reduce(inputs, "sum", n))
+    ck.same("bytes around that view", torch.cat([base[:4], base[4 + count:]]), torch.zeros(9))
+    if n > 1 and cclz.torch.direct_calls() != before + 1:
+        raise AssertionError(f"rank {rank}: all_reduce of a share_memory_ tensor did not go direct")
+    shared = cclz.torch.empty(1 << 10)
+    where = shared.data_ptr()
+    cclz.torch.share_memory_(shared)
+    cclz.torch.share_memory_(base)
+    if shared.data_ptr() != where or base.data_ptr() % 4096:
+        raise AssertionError("cclz.torch.share_memory_ moved a tensor already in shared memory")
+    cclz.torch.share_memory_(torch.empty(0))
+    before = open_fds()
+    for _ in range(20):
+        cclz.torch.share_memory_(torch.ones(1 << 16)[1:]).add_(1)
+    del base, view, shared  # each held one descriptor when `before` was taken
+    if open_fds() != before - 2:
+        raise AssertionError(f"cclz.torch.share_memory_: {open_fds() - before + 2} descriptors left "
+                             "after freeing 22 tensors")
+    for bad, exc in (([1.0], TypeError), (torch.empty(3, device="meta"), ValueError)):
+        try:
+            cclz.torch.share_memory_(bad)
+            raise AssertionError(f"cclz.torch.share_memory_({bad!r}) did not raise")
+        except exc as e:
+            if "share_memory_" not in str(e):
+                raise AssertionError(f"cclz.torch.share_memory_: unexpected message {e}")
 
     # From 1 MiB the direct path is taken on every call where all of the
     # node's ranks' buffers are shared (below it, it is tried while it pays).

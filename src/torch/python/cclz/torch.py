@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from cclz import _C
 
-__all__ = ["hook", "empty", "use_shared_memory", "shared_memory_stats", "direct_calls", "BACKEND"]
+__all__ = ["hook", "empty", "share_memory_", "use_shared_memory", "shared_memory_stats", "direct_calls", "BACKEND"]
 
 BACKEND = "cclz"
 
@@ -71,6 +71,26 @@ def empty(*size, dtype=torch.float32):
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     return _C.empty([operator.index(s) for s in size], dtype)
+
+
+def share_memory_(tensor):
+    """Moves the storage of an existing CPU tensor into memory that the
+    node's other ranks can map (cclz::mem_alloc), with the same bytes, and
+    returns the tensor: what cclz.torch.empty gives a new tensor, for one
+    that exists already (parameters, a flat gradient buffer built before
+    use_shared_memory). Every view of the storage follows it; the old memory
+    is freed. A storage in such memory already (cclz.torch.empty, the
+    use_shared_memory pool) stays where it is. As with torch's own
+    Tensor.share_memory_, memory the tensor shared with something outside
+    torch (a NumPy array from torch.from_numpy) is no longer shared, and no
+    other thread may use the tensor during the call.
+
+    Raises TypeError for anything but a torch.Tensor, ValueError for a
+    tensor that is not on the CPU, RuntimeError when the memory cannot be
+    had (the tensor is unchanged then)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"cclz.torch.share_memory_: expected a torch.Tensor, got {type(tensor).__name__}")
+    return _C.share_memory_(tensor)
 
 
 def use_shared_memory(min_bytes=1 << 20):
