@@ -14,6 +14,10 @@
 #include "shm_window.hpp"
 #include "transport.hpp"
 
+namespace cclz::coll::shm {
+struct HeapPathTiming;
+}
+
 namespace cclz::coll {
 
 // Reusable temporary memory for algorithms, owned by the communicator so a
@@ -98,6 +102,11 @@ class Group {
   detail::Clock::time_point deadline() const noexcept { return deadline_; }
   std::uint64_t seq() const noexcept { return seq_; }
 
+  // Set for the length of a node-local call whose way for heap buffers
+  // rank 0 may choose by measurement (shm::timing_heap_path); null otherwise.
+  shm::HeapPathTiming* heap_path_timing() const noexcept { return heap_path_timing_; }
+  void set_heap_path_timing(shm::HeapPathTiming* t) noexcept { heap_path_timing_ = t; }
+
  private:
   std::uint64_t make_tag(std::uint32_t tag) const noexcept;
 
@@ -110,6 +119,7 @@ class Group {
   int space_;
   detail::ShmWindow* shm_ = nullptr;
   bool shm_usable_ = false;
+  shm::HeapPathTiming* heap_path_timing_ = nullptr;
 };
 
 }  // namespace cclz::coll

@@ -44,6 +44,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "measured_choice.hpp"
 #include "shm_pipeline.hpp"
 
 namespace cclz::coll::shm {
@@ -215,6 +216,63 @@ class DirectHistory {
   unsigned skipped_ = 0;
 };
 
+// Heap buffers between processes, from cma_min_bytes() up: through the
+// kernel's cross-memory attach (one copy per byte that crosses, made by
+// the kernel at 7-8 GB/s here) or through the slots (two copies in user
+// space through a cache-sized slot, each line handed between the cores).
+// Which is faster changes with the collective, the size and the state of
+// the machine: on 2 bound ranks of the test host, within minutes, the
+// all-to-all of 1 MB took 68 us through the kernel against 38-42 staged in
+// one period, while in the host's slow periods the staged calls of 256
+// KB-4 MB take 3.5-6x as long and the kernel's copy does not move; the
+// all-gather of 2 MB 122 against 508 us, the all-reduce 288 against 180
+// (docs/performance.md). With CCLZ_SHM_CMA=auto, local rank 0 times its
+// calls that could go through cross-memory attach per band
+// (MeasuredChoice: the kernel first) and offers it only while it is the
+// faster way for the band. Its offer is one of the agreement's bits, so
+// every rank follows it with no exchange of its own. Both ways give the
+// same bits. Where the ranks outnumber the cores, a call's time is the
+// scheduler's more than the way's (4 ranks on the 2 cores: the same 16 KB
+// call took 9-156 us from run to run), and measured choices ran 5-17%
+// slower at 16 MB than the kernel's way alone: there every call that can
+// goes through cross-memory attach, as with CCLZ_SHM_CMA=1.
+enum class HeapPath : int { cma = 0, staged = 1 };
+
+// Rank 0's chooser, kept in its window.
+struct HeapPathState {
+  MeasuredChoice<HeapPath> chooser;
+};
+
+// One call's timing, on the stack of timing_heap_path: run_if_direct fills
+// it when rank 0 chose the call's way by measurement.
+struct HeapPathTiming {
+  HeapPathState* state = nullptr;  // set when the call is to be recorded
+  std::uint32_t band = 0;
+  HeapPath path = HeapPath::cma;
+  std::uint64_t bytes = 0;
+};
+
+// The registry's run() for a node-local collective whose heap calls may go
+// through cross-memory attach: Run, timed on local rank 0 where
+// CCLZ_SHM_CMA=auto lets it choose the way (a call that failed is not
+// recorded).
+template <Status (*Run)(Group&, const CollArgs&)>
+Status timing_heap_path(Group& g, const CollArgs& a) {
+  detail::ShmWindow* w = g.shm();
+  if (w == nullptr || g.rank() != 0 || !w->cma_measured()) return Run(g, a);
+  HeapPathTiming timing;
+  g.set_heap_path_timing(&timing);
+  const std::uint64_t start = ticks();
+  Status st = Run(g, a);
+  const std::uint64_t took = ticks() - start;
+  g.set_heap_path_timing(nullptr);
+  if (st.ok() && timing.state != nullptr && timing.bytes != 0) {
+    timing.state->chooser.record(timing.band, timing.path,
+                                 static_cast<double>(took) / static_cast<double>(timing.bytes));
+  }
+  return st;
+}
+
 // The direct path of one call, for the collectives' run(): when the call's
 // largest buffer is at least the window's threshold, or in the probing band
 // below it as DirectHistory says (the same answer on every rank), and the
@@ -252,16 +310,27 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   DirectHistory& history = w.local_state<DirectHistory>();
   if (bytes < threshold && !cma_possible && !history.try_below_threshold()) return {};
   const auto sig = call_sig(g, a, a.count);
+  bool offer_cma = cma_possible && allow_cma;
+  HeapPathTiming* timing = offer_cma ? g.heap_path_timing() : nullptr;  // rank 0, CCLZ_SHM_CMA=auto
+  HeapPathState* chooser = nullptr;
+  std::uint32_t band = 0;
+  if (timing != nullptr) {
+    chooser = &w.local_state<HeapPathState>();
+    band = MeasuredChoice<HeapPath>::band(sig.shape, a.sendbuf == a.recvbuf, bytes);
+    offer_cma = chooser->chooser.pick(band) == HeapPath::cma;
+  }
   PeerBuffers pb;
   w.count_direct_try();
   bool first_half_done = false;
-  Status agreed =
-      agree_direct(g, sig, a.sendbuf, send_bytes, a.recvbuf, recv_bytes, cma_possible && allow_cma, ran, &pb, [&] {
-        own(0);
-        first_half_done = true;
-      });
+  Status agreed = agree_direct(g, sig, a.sendbuf, send_bytes, a.recvbuf, recv_bytes, offer_cma, ran, &pb, [&] {
+    own(0);
+    first_half_done = true;
+  });
   if (!agreed.ok()) return agreed;
   history.record(*ran);
+  // Recorded as the way it went: a call whose buffers every rank could map
+  // ran neither way.
+  if (timing != nullptr && (!*ran || pb.cma)) *timing = {chooser, band, *ran ? HeapPath::cma : HeapPath::staged, bytes};
   if (!*ran) return {};
   auto rest = [&] {
     if (!first_half_done) own(0);

@@ -233,6 +233,9 @@ struct CommImpl {
   // Whether heap buffers may go direct through cross-memory attach, as the
   // node's first rank set it (CCLZ_SHM_CMA); false without a window.
   bool shm_cma() const noexcept { return window() && window()->cma(); }
+  // ...and chooses it per call by measurement (CCLZ_SHM_CMA=auto, a core
+  // per rank).
+  bool shm_cma_measured() const noexcept { return window() && window()->cma_measured(); }
   // Whether this node runs more of the communicator's ranks than it has
   // cores (ShmWindow::oversubscribed); false without a window.
   bool shm_oversubscribed() const noexcept { return window() && window()->oversubscribed(); }

@@ -270,10 +270,14 @@ Status config_from_env(Config* out) {
     }
   }
   if (const char* v = env("CCLZ_SHM_CMA")) {
-    if (std::string_view(v) != "0" && std::string_view(v) != "1") {
-      return {Result::invalid_argument, std::string("CCLZ_SHM_CMA='") + v + "' is not 0 or 1"};
+    const std::string l = lower(v);
+    if (l == "0" || l == "1") {
+      c.shm_cma = l[0] - '0';
+    } else if (l == "auto") {
+      c.shm_cma = 2;
+    } else {
+      return {Result::invalid_argument, std::string("CCLZ_SHM_CMA='") + v + "' is not auto, 0 or 1"};
     }
-    c.shm_cma = v[0] == '1';
   }
   // The transport reads the wait back-off itself (UcxWaitPolicy::from_env);
   // checking the values here makes a malformed one fail the communicator's

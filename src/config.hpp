@@ -66,7 +66,7 @@ struct Config {
   int shm_allreduce_handoffs = 0;  // CCLZ_SHM_ALLREDUCE_HANDOFFS; 0 = auto
   int shm_slot_stores = 0;         // CCLZ_SHM_SLOT_STORES; 0 = auto, 1 = cache, 2 = memory
   std::uint64_t shm_direct_min_bytes = std::uint64_t{1024} << 10;  // CCLZ_SHM_DIRECT_KB; ~0 = off
-  bool shm_cma = true;                                             // CCLZ_SHM_CMA
+  int shm_cma = 2;  // CCLZ_SHM_CMA: 0 = never, 1 = always where it applies, 2 = auto (measured)
   std::uint64_t shm_l2_bytes = 0;   // CCLZ_SHM_L2_KB; 0 = the host's (sysfs)
   std::uint64_t shm_llc_bytes = 0;  // CCLZ_SHM_LLC_KB; 0 = the host's (sysfs)
 

@@ -141,7 +141,7 @@ class ShmSegment {
   ShmWindow::Geometry geometry() const {
     const Header& h = header();
     return {h.local_size,  h.slot_bytes, h.slots,       h.allreduce_handoffs, h.direct_min_bytes,
-            h.l2_bytes,    h.llc_bytes,  h.slot_stores, h.cma != 0};
+            h.l2_bytes,    h.llc_bytes,  h.slot_stores, h.cma};
   }
   void cache_offsets() {
     const Offsets o = offsets(geometry());
@@ -164,7 +164,7 @@ class ShmSegment {
                                  g.l2_bytes != 0 ? g.l2_bytes : host.l2,
                                  g.llc_bytes != 0 ? g.llc_bytes : host.llc,
                                  g.slot_stores,
-                                 g.cma ? 1 : 0};
+                                 g.cma};
     (void)h;
     const Offsets o = offsets(g);
     for (int r = 0; r < g.local_size; ++r) {
@@ -194,12 +194,13 @@ namespace {
 Status check_geometry(const ShmWindow::Geometry& g) {
   if (g.local_size < 1 || g.local_size > 512 || g.slots < 1 || g.slots > 64 || g.slot_bytes == 0 ||
       g.slot_bytes % kPage != 0 || g.slot_bytes > (std::size_t{1} << 30) || g.allreduce_handoffs < 0 ||
-      g.allreduce_handoffs > 2 || g.slot_stores < 0 || g.slot_stores > 2) {
+      g.allreduce_handoffs > 2 || g.slot_stores < 0 || g.slot_stores > 2 || g.cma < 0 || g.cma > 2) {
     return {Result::invalid_argument, "shared-memory window: bad geometry (" + std::to_string(g.local_size) +
                                           " ranks, " + std::to_string(g.slots) + " slots of " +
                                           std::to_string(g.slot_bytes) + " bytes, all-reduce hand-offs " +
                                           std::to_string(g.allreduce_handoffs) + ", slot stores " +
-                                          std::to_string(g.slot_stores) + ")"};
+                                          std::to_string(g.slot_stores) + ", cross-memory attach " +
+                                          std::to_string(g.cma) + ")"};
   }
   return {};
 }
@@ -355,6 +356,7 @@ int ShmWindow::allreduce_handoffs() const noexcept { return seg_->header().allre
 int ShmWindow::slot_stores() const noexcept { return seg_->header().slot_stores; }
 std::uint64_t ShmWindow::direct_min_bytes() const noexcept { return seg_->header().direct_min_bytes; }
 bool ShmWindow::cma() const noexcept { return seg_->header().cma != 0; }
+bool ShmWindow::cma_measured() const noexcept { return seg_->header().cma == 2 && !oversubscribed_; }
 std::uint64_t ShmWindow::l2_bytes() const noexcept { return seg_->header().l2_bytes; }
 std::uint64_t ShmWindow::llc_bytes() const noexcept { return seg_->header().llc_bytes; }
 int ShmWindow::pid(int r) const noexcept { return seg_->ctl(r).pid.load(std::memory_order_acquire); }

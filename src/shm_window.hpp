@@ -104,9 +104,10 @@ class ShmWindow {
     int slot_stores = 0;
     // Whether calls whose buffers cannot be mapped (heap memory of
     // processes) may go direct through cross-memory attach
-    // (process_vm_readv/writev; collectives/shm_direct.hpp). From the node's
-    // first rank (CCLZ_SHM_CMA).
-    bool cma = true;
+    // (process_vm_readv/writev; collectives/shm_direct.hpp): 0 = never,
+    // 1 = wherever it applies, 2 = where it applies and rank 0 measured it
+    // faster than the slots. From the node's first rank (CCLZ_SHM_CMA).
+    int cma = 2;
   };
   static constexpr std::uint64_t kDirectMinBytes = std::uint64_t{1024} << 10;
   static constexpr std::uint64_t kDirectOff = ~std::uint64_t{0};
@@ -158,7 +159,12 @@ class ShmWindow {
   int allreduce_handoffs() const noexcept;
   int slot_stores() const noexcept;
   std::uint64_t direct_min_bytes() const noexcept;
+  // Cross-memory attach may be used (CCLZ_SHM_CMA 1 or auto)...
   bool cma() const noexcept;
+  // ...and is chosen per call by measurement (auto), which needs a core
+  // per rank: where ranks outnumber cores a call's time is the scheduler's
+  // (collectives/shm_direct.hpp).
+  bool cma_measured() const noexcept;
   std::uint64_t l2_bytes() const noexcept;
   std::uint64_t llc_bytes() const noexcept;
   // The process id of local rank r (0 until it has attached).

@@ -134,6 +134,6 @@ bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
 extern const AlgorithmDesc allgather_shm;
 const AlgorithmDesc allgather_shm = {CollKind::all_gather, "shm",
                                      "node-local shared memory: every rank copies the peers' blocks from their slots",
-                                     supports, run};
+                                     supports, shm::timing_heap_path<run>};
 
 }  // namespace cclz::coll

@@ -103,6 +103,6 @@ bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
 extern const AlgorithmDesc alltoall_shm;
 const AlgorithmDesc alltoall_shm = {CollKind::all_to_all, "shm",
                                     "node-local shared memory: every rank copies its blocks from the peers' slots",
-                                    supports, run};
+                                    supports, shm::timing_heap_path<run>};
 
 }  // namespace cclz::coll

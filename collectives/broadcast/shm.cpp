@@ -81,6 +81,6 @@ bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
 extern const AlgorithmDesc broadcast_shm;
 const AlgorithmDesc broadcast_shm = {CollKind::broadcast, "shm",
                                      "node-local shared memory: the root stages chunks, the others copy them out",
-                                     supports, run};
+                                     supports, shm::timing_heap_path<run>};
 
 }  // namespace cclz::coll

@@ -151,6 +151,6 @@ bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
 extern const AlgorithmDesc reduce_shm;
 const AlgorithmDesc reduce_shm = {CollKind::reduce, "shm",
                                   "node-local shared memory: shares reduced from the peers' slots, gathered by the root",
-                                  supports, run, true};
+                                  supports, shm::timing_heap_path<run>, true};
 
 }  // namespace cclz::coll

@@ -129,6 +129,6 @@ bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
 extern const AlgorithmDesc reduce_scatter_shm;
 const AlgorithmDesc reduce_scatter_shm = {
     CollKind::reduce_scatter, "shm", "node-local shared memory: each rank reduces its block from the peers' slots",
-    supports, run, true};
+    supports, shm::timing_heap_path<run>, true};
 
 }  // namespace cclz::coll

@@ -120,11 +120,11 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     ASSERT_TRUE(detail::config_from_env(&cfg).ok()) << value;
     EXPECT_EQ(cfg.shm_direct_min_bytes, bytes) << value;
   }
-  for (const auto& [value, on] : {std::pair{"0", false}, std::pair{"1", true}}) {
+  for (const auto& [value, mode] : {std::pair{"0", 0}, std::pair{"1", 1}, std::pair{"auto", 2}, std::pair{"AUTO", 2}}) {
     ScopedEnv h("CCLZ_SHM_CMA", value);
     detail::Config cfg;
     ASSERT_TRUE(detail::config_from_env(&cfg).ok()) << value;
-    EXPECT_EQ(cfg.shm_cma, on) << value;
+    EXPECT_EQ(cfg.shm_cma, mode) << value;
   }
   {
     ScopedEnv l2("CCLZ_SHM_L2_KB", "2048"), llc("CCLZ_SHM_LLC_KB", "65536");
@@ -150,7 +150,7 @@ TEST(CclzEnv, ReadsEveryVariableAndRejectsMalformedValues) {
     EXPECT_EQ(cfg.shm_l2_bytes, 0u);
     EXPECT_EQ(cfg.shm_llc_bytes, 0u);
     EXPECT_EQ(cfg.shm_slot_stores, 0);
-    EXPECT_TRUE(cfg.shm_cma);
+    EXPECT_EQ(cfg.shm_cma, 2);  // auto
   }
   struct Bad {
     const char* name;

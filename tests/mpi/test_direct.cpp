@@ -306,6 +306,58 @@ TEST(Cma, HeapBuffersBitExact) {
   }
 }
 
+// Heap buffers on every rank with CCLZ_SHM_CMA=auto: rank 0 times each
+// band's calls, the kernel's way first, and every rank runs the way it
+// offered. Six calls of one band: the first kMin through cross-memory
+// attach, the next kMin staged (the chooser's warm-up), the rest as rank 0
+// measured; every call bitwise against the reference and the same on every
+// rank. With the node's first rank at 1 (mpi-cma-first-1-others-auto), or
+// more ranks than cores (no measured choice then), all six go through
+// cross-memory attach on every rank.
+TEST(CmaMeasured, RunsBothWaysBitExact) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  if (!direct_expected(*c) || !c->impl()->shm_cma()) {
+    GTEST_SKIP() << "needs several ranks sharing one window with cross-memory attach on";
+  }
+  const bool measured = c->impl()->shm_cma_measured();
+  constexpr int kCalls = 6, kMin = coll::shm::MeasuredChoice<coll::shm::HeapPath>::kMin;
+  static_assert(kCalls >= 2 * kMin + 1);
+  std::vector<std::uint64_t> hashes;
+  // From 1 MiB: eligible with more ranks than cores too (cma_min_bytes).
+  const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 3u << 20}, {DataType::bf16, ReduceOp::sum, 1536u << 10}};
+  for (CollKind kind : {CollKind::all_reduce, CollKind::all_to_all, CollKind::reduce_scatter}) {
+    for (const Shape& s : shapes) {
+      for (bool in_place : {false, true}) {
+        if (in_place && !testing::coll_info(kind).has_in_place) continue;
+        const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
+        CollCase cc{kind, s.dt, s.op, count, 0, n};
+        ASSERT_TRUE(cma_eligible(*c, cc, in_place)) << testing::coll_info(kind).name;
+        const std::uint64_t before = c->impl()->direct_calls();
+        std::uint64_t through_kernel_first = 0;
+        for (int k = 0; k < kCalls; ++k) {
+          bool eligible = false;
+          ASSERT_TRUE(run_one(*c, cc, in_place, false, "shm", &hashes, &eligible));
+          ASSERT_TRUE(eligible);
+          if (k == kMin - 1) through_kernel_first = c->impl()->direct_calls() - before;
+        }
+        const std::uint64_t direct = c->impl()->direct_calls() - before;
+        const std::string what = std::string(testing::coll_info(kind).name) + " " + dtype_name(s.dt) +
+                                 (in_place ? " in place" : " out of place");
+        if (!measured) {
+          EXPECT_EQ(direct, std::uint64_t{kCalls}) << rank_tag() << ": " << what << ": not measured";
+          continue;
+        }
+        EXPECT_EQ(through_kernel_first, std::uint64_t{kMin}) << rank_tag() << ": " << what << ": the warm-up";
+        EXPECT_GE(direct, std::uint64_t{kMin}) << rank_tag() << ": " << what;
+        EXPECT_LE(direct, std::uint64_t{kCalls - kMin}) << rank_tag() << ": " << what << ": never staged";
+      }
+    }
+  }
+  expect_same_everywhere(hashes);
+}
+
 // A call whose cross-memory read of rank `from`'s buffer failed: a clear
 // invalid_usage naming that rank.
 void expect_could_not_read(const Status& st, int from) {
