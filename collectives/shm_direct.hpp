@@ -235,8 +235,13 @@ class DirectHistory {
 // scheduler's more than the way's (4 ranks on the 2 cores: the same 16 KB
 // call took 9-156 us from run to run), and measured choices ran 5-17%
 // slower at 16 MB than the kernel's way alone: there every call that can
-// goes through cross-memory attach, as with CCLZ_SHM_CMA=1.
+// goes through cross-memory attach, as with CCLZ_SHM_CMA=1. So do calls
+// under kCmaMeasuredMinBytes: below 512 KiB the kernel's way won or tied
+// in every state measured, and timing the calls cost them 9-16% at 64-256
+// KiB (8 interleaved rounds, 2 bound ranks: the staged calls it tries, the
+// choices noise misleads), against 7-52% gained from 1 MiB.
 enum class HeapPath : int { cma = 0, staged = 1 };
+constexpr std::uint64_t kCmaMeasuredMinBytes = std::uint64_t{512} << 10;
 
 // Rank 0's chooser, kept in its window.
 struct HeapPathState {
@@ -311,7 +316,8 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   if (bytes < threshold && !cma_possible && !history.try_below_threshold()) return {};
   const auto sig = call_sig(g, a, a.count);
   bool offer_cma = cma_possible && allow_cma;
-  HeapPathTiming* timing = offer_cma ? g.heap_path_timing() : nullptr;  // rank 0, CCLZ_SHM_CMA=auto
+  // Rank 0, CCLZ_SHM_CMA=auto, a core per rank:
+  HeapPathTiming* timing = offer_cma && bytes >= kCmaMeasuredMinBytes ? g.heap_path_timing() : nullptr;
   HeapPathState* chooser = nullptr;
   std::uint32_t band = 0;
   if (timing != nullptr) {
