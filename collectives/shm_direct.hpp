@@ -21,7 +21,8 @@
 //     go through cross-memory attach instead (process_vm_readv/writev on
 //     the peers' own addresses): each rank offers it for calls of
 //     cma_min_bytes() and more while cma_out_of_place() (the all-reduce in
-//     place at any size); if every rank offers it, a first call reads
+//     place at any size), rank 0 from 512 KiB only while it measures it
+//     the faster way (HeapPath below); if every rank offers it, a first call reads
 //     a byte of each peer's buffer and the ranks confirm in one hand-off
 //     (a kernel that refuses ends this rank's offers for good).
 // The collective then runs on the peers' buffers and ends with fence(): a
@@ -233,7 +234,7 @@ class DirectHistory {
 // every rank follows it with no exchange of its own. Both ways give the
 // same bits. Where the ranks outnumber the cores, a call's time is the
 // scheduler's more than the way's (4 ranks on the 2 cores: the same 16 KB
-// call took 9-156 us from run to run), and measured choices ran 5-17%
+// call took 9-156 us from run to run), and measured choices ran 2-17%
 // slower at 16 MB than the kernel's way alone: there every call that can
 // goes through cross-memory attach, as with CCLZ_SHM_CMA=1. So do calls
 // under kCmaMeasuredMinBytes: below 512 KiB the kernel's way won or tied
