@@ -302,7 +302,7 @@ bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
 extern const AlgorithmDesc allreduce_shm;
 const AlgorithmDesc allreduce_shm = {
     CollKind::all_reduce, "shm",
-    "node-local shared memory: chunks reduced by share owners straight from the peers' slots", supports, shm::timing_heap_path<run>,
-    true};
+    "node-local shared memory: chunks reduced by share owners straight from the peers' slots", supports,
+    shm::timing_heap_path<run>, true};
 
 }  // namespace cclz::coll

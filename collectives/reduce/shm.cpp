@@ -149,8 +149,8 @@ bool supports(const Group& g, const CollArgs&) { return g.shm() != nullptr; }
 }  // namespace
 
 extern const AlgorithmDesc reduce_shm;
-const AlgorithmDesc reduce_shm = {CollKind::reduce, "shm",
-                                  "node-local shared memory: shares reduced from the peers' slots, gathered by the root",
-                                  supports, shm::timing_heap_path<run>, true};
+const AlgorithmDesc reduce_shm = {
+    CollKind::reduce, "shm", "node-local shared memory: shares reduced from the peers' slots, gathered by the root",
+    supports, shm::timing_heap_path<run>, true};
 
 }  // namespace cclz::coll
