@@ -32,8 +32,8 @@ class MeasuredChoice {
   // other is measured again. One slow call alone is more often the host
   // taking the core away for a moment (16 MB all-gathers on the test host:
   // one call in 150-450 took 2-5x its time); when it dropped the times, the
-  // kMin calls of the other stores it brought (1.5-2x slower) cost a
-  // 20-call benchmark 5-10%.
+  // kMin calls of the other way it brought (the slot stores, 1.5-2x slower)
+  // cost a 20-call benchmark 5-10%.
   static constexpr int kKeep = 3;
   static constexpr int kMin = 2;
   static constexpr int kStrikes = 2;

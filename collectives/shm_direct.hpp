@@ -245,14 +245,12 @@ enum class HeapPath : int { cma = 0, staged = 1 };
 constexpr std::uint64_t kCmaMeasuredMinBytes = std::uint64_t{512} << 10;
 
 // Rank 0's chooser, kept in its window.
-struct HeapPathState {
-  MeasuredChoice<HeapPath> chooser;
-};
+using HeapPathChooser = MeasuredChoice<HeapPath>;
 
 // One call's timing, on the stack of timing_heap_path: run_if_direct fills
 // it when rank 0 chose the call's way by measurement.
 struct HeapPathTiming {
-  HeapPathState* state = nullptr;  // set when the call is to be recorded
+  HeapPathChooser* chooser = nullptr;  // set when the call is to be recorded
   std::uint32_t band = 0;
   HeapPath path = HeapPath::cma;
   std::uint64_t bytes = 0;
@@ -272,9 +270,8 @@ Status timing_heap_path(Group& g, const CollArgs& a) {
   Status st = Run(g, a);
   const std::uint64_t took = ticks() - start;
   g.set_heap_path_timing(nullptr);
-  if (st.ok() && timing.state != nullptr && timing.bytes != 0) {
-    timing.state->chooser.record(timing.band, timing.path,
-                                 static_cast<double>(took) / static_cast<double>(timing.bytes));
+  if (st.ok() && timing.chooser != nullptr && timing.bytes != 0) {
+    timing.chooser->record(timing.band, timing.path, static_cast<double>(took) / static_cast<double>(timing.bytes));
   }
   return st;
 }
@@ -319,12 +316,12 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   bool offer_cma = cma_possible && allow_cma;
   // Rank 0, CCLZ_SHM_CMA=auto, a core per rank:
   HeapPathTiming* timing = offer_cma && bytes >= kCmaMeasuredMinBytes ? g.heap_path_timing() : nullptr;
-  HeapPathState* chooser = nullptr;
+  HeapPathChooser* chooser = nullptr;
   std::uint32_t band = 0;
   if (timing != nullptr) {
-    chooser = &w.local_state<HeapPathState>();
-    band = MeasuredChoice<HeapPath>::band(sig.shape, a.sendbuf == a.recvbuf, bytes);
-    offer_cma = chooser->chooser.pick(band) == HeapPath::cma;
+    chooser = &w.local_state<HeapPathChooser>();
+    band = HeapPathChooser::band(sig.shape, a.sendbuf == a.recvbuf, bytes);
+    offer_cma = chooser->pick(band) == HeapPath::cma;
   }
   PeerBuffers pb;
   w.count_direct_try();

@@ -322,7 +322,7 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
     GTEST_SKIP() << "needs several ranks sharing one window with cross-memory attach on";
   }
   const bool measured = c->impl()->shm_cma_measured();
-  constexpr int kCalls = 6, kMin = coll::shm::MeasuredChoice<coll::shm::HeapPath>::kMin;
+  constexpr int kCalls = 6, kMin = coll::shm::HeapPathChooser::kMin;
   static_assert(kCalls >= 2 * kMin + 1);
   std::vector<std::uint64_t> hashes;
   // From 1 MiB: eligible with more ranks than cores too (cma_min_bytes).
