@@ -49,12 +49,15 @@ class MeasuredChoice {
   }
 
   // The way the next call in `band` should run: one with fewer than kMin
-  // fresh times first (way 0 before way 1), else the faster.
-  Choice pick(std::uint32_t band) {
+  // fresh times first (way 0 before way 1), else the faster. *measuring,
+  // if given, says which: true when the way was picked to be measured.
+  Choice pick(std::uint32_t band, bool* measuring = nullptr) {
     const Band& b = bands_[band];
     const Fresh w0 = fresh(b, 0), w1 = fresh(b, 1);
-    if (w0.count < kMin) return Choice{0};
-    if (w1.count < kMin) return Choice{1};
+    const bool short0 = w0.count < kMin, short1 = w1.count < kMin;
+    if (measuring != nullptr) *measuring = short0 || short1;
+    if (short0) return Choice{0};
+    if (short1) return Choice{1};
     return w1.least < w0.least ? Choice{1} : Choice{0};
   }
 

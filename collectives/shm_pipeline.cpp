@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "kernels.hpp"
+#include "shm_direct.hpp"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -245,7 +246,9 @@ SlotStoreCall::SlotStoreCall(Group& g, const detail::ShmWindow::CallSig& sig, bo
   state_ = &w.local_state<SlotStoreState>();
   if (g.rank() == 0) {
     band_ = SlotStoreChooser::band(sig.shape, in_place, bytes);
-    stores_ = state_->chooser.pick(band_);
+    bool measuring = false;
+    stores_ = state_->chooser.pick(band_, &measuring);
+    if (measuring && g.heap_path_timing() != nullptr) g.heap_path_timing()->stores_measured = true;
     start_ = ticks();
   } else {
     stores_ = state_->in_effect;

@@ -236,6 +236,11 @@ struct CommImpl {
   // ...and chooses it per call by measurement (CCLZ_SHM_CMA=auto, a core
   // per rank).
   bool shm_cma_measured() const noexcept { return window() && window()->cma_measured(); }
+  // Calls this rank timed for that choice (the node's first rank only),
+  // through cross-memory attach or staged.
+  std::uint64_t heap_path_timed(bool staged) const noexcept {
+    return window() ? window()->heap_path_timed(staged) : 0;
+  }
   // Whether this node runs more of the communicator's ranks than it has
   // cores (ShmWindow::oversubscribed); false without a window.
   bool shm_oversubscribed() const noexcept { return window() && window()->oversubscribed(); }

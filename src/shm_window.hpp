@@ -27,6 +27,7 @@
 #pragma once
 
 #include <any>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -185,6 +186,15 @@ class ShmWindow {
   // whichever way it went.
   void count_direct_try() noexcept { direct_tries_.fetch_add(1, std::memory_order_relaxed); }
   std::uint64_t direct_tries() const noexcept { return direct_tries_.load(std::memory_order_relaxed); }
+  // Calls the node's first rank timed to choose the heap buffers' way
+  // (CCLZ_SHM_CMA=auto; shm_direct.hpp), through cross-memory attach and
+  // staged.
+  void count_heap_path_timed(bool staged) noexcept {
+    heap_path_timed_[staged ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
+  }
+  std::uint64_t heap_path_timed(bool staged) const noexcept {
+    return heap_path_timed_[staged ? 1 : 0].load(std::memory_order_relaxed);
+  }
 
   // Slot `s` of local rank `r` (s taken modulo slots()).
   std::byte* slot(int r, std::uint64_t s) const noexcept;
@@ -243,6 +253,7 @@ class ShmWindow {
   std::atomic<std::uint64_t> direct_calls_{0};
   std::atomic<std::uint64_t> mapped_calls_{0};
   std::atomic<std::uint64_t> direct_tries_{0};
+  std::array<std::atomic<std::uint64_t>, 2> heap_path_timed_{};
   Status fail_status_;  // written before failed_ is set
   std::deque<std::any> local_state_;
 };

@@ -364,6 +364,54 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
   expect_same_everywhere(hashes);
 }
 
+// Staged heap calls whose outputs are streamed (the job sets a 512 KiB
+// last level) also choose their slot stores by measurement, the ordinary
+// ones first. Rank 0 must not time the staged way while those are being
+// measured: the stores tried first may be the slow ones, and the staged
+// way's times would then keep the kernel's way. So, per band: kMin calls
+// through cross-memory attach, 2 * kMin staged that rank 0 does not record
+// (each store kind measured), kMin staged that it records, and only then
+// the faster way; every call bitwise against the reference and the same
+// on every rank.
+TEST(CmaMeasured, StagedTimedOnlyOnceItsStoresAreChosen) {
+  std::unique_ptr<Comm> c = fresh_comm();
+  ASSERT_NE(c, nullptr);
+  const int n = c->size();
+  if (!direct_expected(*c) || !c->impl()->shm_cma_measured()) {
+    GTEST_SKIP() << "needs several ranks sharing one window, a core each, with CCLZ_SHM_CMA=auto";
+  }
+  if (env_int("CCLZ_SHM_LLC_KB", 0) != 512) GTEST_SKIP() << "its job sets CCLZ_SHM_LLC_KB=512";
+  constexpr int kMin = coll::shm::HeapPathChooser::kMin, kCalls = 4 * kMin;
+  std::vector<std::uint64_t> hashes;
+  // The collectives whose staged calls stream through SlotStoreCall.
+  for (CollKind kind : {CollKind::all_reduce, CollKind::all_gather, CollKind::all_to_all}) {
+    for (bool in_place : {false, true}) {
+      if (in_place && !testing::coll_info(kind).has_in_place) continue;
+      const std::size_t count = testing::count_for_bytes(kind, 1536u << 10, DataType::f32, n) | 1;
+      CollCase cc{kind, DataType::f32, ReduceOp::sum, count, 0, n};
+      ASSERT_TRUE(cma_eligible(*c, cc, in_place)) << testing::coll_info(kind).name;
+      const std::string what =
+          std::string(testing::coll_info(kind).name) + (in_place ? " in place" : " out of place");
+      const std::uint64_t direct_before = c->impl()->direct_calls();
+      const std::uint64_t cma_timed = c->impl()->heap_path_timed(false);
+      const std::uint64_t staged_timed = c->impl()->heap_path_timed(true);
+      for (int k = 0; k < kCalls; ++k) {
+        bool eligible = false;
+        ASSERT_TRUE(run_one(*c, cc, in_place, false, "shm", &hashes, &eligible));
+        ASSERT_TRUE(eligible);
+      }
+      EXPECT_EQ(c->impl()->direct_calls() - direct_before, std::uint64_t{kMin})
+          << rank_tag() << ": " << what << ": the staged calls while the stores were measured";
+      if (c->rank() == 0) {
+        EXPECT_EQ(c->impl()->heap_path_timed(false) - cma_timed, std::uint64_t{kMin}) << what;
+        EXPECT_EQ(c->impl()->heap_path_timed(true) - staged_timed, std::uint64_t{kMin})
+            << what << ": staged calls timed while their stores were measured";
+      }
+    }
+  }
+  expect_same_everywhere(hashes);
+}
+
 // A call whose cross-memory read of rank `from`'s buffer failed: a clear
 // invalid_usage naming that rank.
 void expect_could_not_read(const Status& st, int from) {

@@ -3,8 +3,10 @@
 // time the machine gives them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "slot_stores.hpp"
 
@@ -63,6 +65,31 @@ TEST(SlotStoreChooser, MeasuresBothThenRunsTheFaster) {
   EXPECT_LE(sim.ran[0], 21 * SlotStoreChooser::kMin);
   // Another band is measured on its own.
   EXPECT_EQ(sim.c.pick(SlotStoreChooser::band(1, true, std::uint64_t{16} << 20)), SlotStores::cache);
+}
+
+// pick() says when it picks a way to measure it: the warm-up, and the
+// kMin calls of the way not in use in every kFresh. The heap path's
+// chooser does not time staged calls while their stores are measured.
+TEST(SlotStoreChooser, SaysWhenItMeasures) {
+  SimulatedBand sim;
+  std::vector<bool> measuring;
+  const int calls = 3 * static_cast<int>(SlotStoreChooser::kFresh);
+  for (int k = 0; k < calls; ++k) {
+    bool m = false;
+    const SlotStores s = sim.c.pick(sim.band, &m);
+    if (!m) {
+      EXPECT_EQ(s, SlotStores::memory) << "call " << k << ": a settled pick is the faster way";
+    }
+    measuring.push_back(m);
+    sim.c.record(sim.band, s, memory_faster(s));
+  }
+  const int warm_up = 2 * SlotStoreChooser::kMin;
+  for (int k = 0; k < warm_up; ++k) EXPECT_TRUE(measuring[static_cast<std::size_t>(k)]) << "call " << k;
+  EXPECT_FALSE(measuring[static_cast<std::size_t>(warm_up)]);
+  const auto measured = std::count(measuring.begin(), measuring.end(), true);
+  // The warm-up, then kMin calls in about every kFresh.
+  EXPECT_GE(measured, warm_up + 2 * SlotStoreChooser::kMin);
+  EXPECT_LE(measured, warm_up + 3 * SlotStoreChooser::kMin);
 }
 
 TEST(SlotStoreChooser, FollowsTheMachineWhenItChanges) {
