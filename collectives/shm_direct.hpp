@@ -22,7 +22,8 @@
 //     the peers' own addresses): each rank offers it for calls of
 //     cma_min_bytes() and more while cma_out_of_place() (the all-reduce in
 //     place at any size), rank 0 from 512 KiB only while it measures it
-//     the faster way (HeapPath below); if every rank offers it, a first call reads
+//     the faster way (HeapPath below), when the others offer it at any
+//     size; if every rank offers it, a first call reads
 //     a byte of each peer's buffer and the ranks confirm in one hand-off
 //     (a kernel that refuses ends this rank's offers for good).
 // The collective then runs on the peers' buffers and ends with fence(): a
@@ -124,10 +125,15 @@ constexpr std::size_t kCmaBlockBytes = std::size_t{128} << 10;
 // line from memory first, lost to the staged path, which streams its
 // outputs (2 ranks: all-gather of 256 MB 45 against 36 ms, all-reduce of 64
 // MB 18.9 against 17.2; 4 ranks: all-reduce of 16 MB 11.8-14.7 against 9.9).
+// Where rank 0 measures the way (HeapPath below), at any size: in the
+// host's slow periods for staged calls the kernel's way wins there too
+// (AMD host, 2 ranks: reduce-scatter of 64 and 256 MB staged 17.7-19.2 and
+// 70-77 ms in such runs; measured, 6.2-10.0 and 26.9-48.2 ms in every run).
 // In place, the all-reduce writes lines it has just read and goes on
 // winning at every size.
 constexpr std::uint64_t kCmaMaxNodeBytes = std::uint64_t{64} << 20;
 inline bool cma_out_of_place(const Group& g, std::size_t in_bytes, std::size_t out_bytes) noexcept {
+  if (g.shm()->cma_measured()) return true;
   return static_cast<std::uint64_t>(g.size()) * (in_bytes + out_bytes) <= kCmaMaxNodeBytes;
 }
 
@@ -334,10 +340,18 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   PeerBuffers pb;
   w.count_direct_try();
   bool first_half_done = false;
-  Status agreed = agree_direct(g, sig, a.sendbuf, send_bytes, a.recvbuf, recv_bytes, offer_cma, ran, &pb, [&] {
-    own(0);
-    first_half_done = true;
-  });
+  // Where rank 0 picks the way by measurement, the others offer cross-memory
+  // attach not knowing whether rank 0 does; a call that then goes staged
+  // would copy their own block again, so they copy it after the agreement.
+  std::function<void()> while_waiting;
+  if (g.rank() == 0 || !w.cma_measured() || bytes < kCmaMeasuredMinBytes) {
+    while_waiting = [&] {
+      own(0);
+      first_half_done = true;
+    };
+  }
+  Status agreed =
+      agree_direct(g, sig, a.sendbuf, send_bytes, a.recvbuf, recv_bytes, offer_cma, ran, &pb, while_waiting);
   if (!agreed.ok()) return agreed;
   history.record(*ran);
   // Recorded as the way it went: a call whose buffers every rank could map

@@ -12,8 +12,8 @@
 // ranks): every other rank copies straight from the root's input, one copy
 // instead of two. Only the root's input is read by peers, so the others'
 // buffers may be any memory. A root's heap buffer is read the same way
-// through cross-memory attach (one kernel copy into each output), while the
-// node's buffers fit shm::cma_out_of_place.
+// through cross-memory attach (one kernel copy into each output), where
+// shm::cma_out_of_place allows it.
 #include "shm_direct.hpp"
 #include "shm_pipeline.hpp"
 

@@ -19,8 +19,8 @@
 // buffers of processes do the same through cross-memory attach: each rank
 // reads its share of every peer's input a block at a time and reduces it;
 // the root into its output, the others into a buffer written on into the
-// root's output (process_vm_writev), while the node's buffers fit
-// shm::cma_out_of_place.
+// root's output (process_vm_writev), where shm::cma_out_of_place allows
+// it.
 #include "allreduce/common.hpp"
 #include "shm_direct.hpp"
 #include "shm_pipeline.hpp"

@@ -88,9 +88,10 @@ struct CmaScratch {
 // buffer here and reduced with my input's part into my output: the same
 // sources, order and kernel, so the same bits. Peers read only their own
 // blocks of my input, so in place (my output is my block of my input) is
-// safe. Only while the node's buffers fit shm::cma_out_of_place, in place
-// too: beyond, the kernel read the peers' inputs from memory slower than
-// the staged path's copies (2 ranks, 64 MB: 11.7-12.6 against 10.6 ms).
+// safe. Only where shm::cma_out_of_place allows it, in place too: past
+// its cap the kernel read the peers' inputs from memory slower than the
+// staged path's copies (2 ranks, 64 MB: 11.7-12.6 against 10.6 ms), except
+// where rank 0 measures the two.
 Status run_direct_cma(Group& g, const CollArgs& a, const shm::PeerBuffers& pb) {
   const std::size_t es = a.elem_size(), block = a.count * es;
   const std::size_t B = std::max<std::size_t>(1, shm::kCmaBlockBytes / es);

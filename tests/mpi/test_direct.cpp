@@ -63,8 +63,9 @@ std::uint64_t direct_floor(Comm& c, CollKind kind) {
 // Whether a call of heap buffers goes direct through cross-memory attach
 // where the window allows it (shm_direct.hpp): the all-reduce, all-gather,
 // all-to-all, reduce-scatter, broadcast and reduce from cma_min_bytes(), while the
-// node's buffers fit kCmaMaxNodeBytes, and the all-reduce in place at any
-// size.
+// node's buffers fit kCmaMaxNodeBytes or at any size where rank 0 measures
+// the way (CCLZ_SHM_CMA=auto, a core per rank), and the all-reduce in
+// place at any size.
 bool cma_eligible(Comm& c, const CollCase& cc, bool in_place) {
   const std::uint64_t es = dtype_size(cc.dt), n = static_cast<std::uint64_t>(cc.nranks);
   std::uint64_t in = 0, out = 0;
@@ -81,6 +82,7 @@ bool cma_eligible(Comm& c, const CollCase& cc, bool in_place) {
   if (!c.impl()->shm_cma() || cc.count == 0 || std::max(in, out) < floor) return false;
   if (c.impl()->direct_min_bytes() == detail::ShmWindow::kDirectOff) return false;
   if (in_place && cc.kind == CollKind::all_reduce) return true;
+  if (c.impl()->shm_cma_measured()) return true;
   return n * (in + out) <= coll::shm::kCmaMaxNodeBytes;
 }
 
@@ -313,7 +315,9 @@ TEST(Cma, HeapBuffersBitExact) {
 // measured; every call bitwise against the reference and the same on every
 // rank. With the node's first rank at 1 (mpi-cma-first-1-others-auto), or
 // more ranks than cores (no measured choice then), all six go through
-// cross-memory attach on every rank.
+// cross-memory attach on every rank, except the 24 MiB calls out of place,
+// whose node's buffers pass kCmaMaxNodeBytes: those are measured only where
+// rank 0 measures, and are staged otherwise.
 TEST(CmaMeasured, RunsBothWaysBitExact) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
@@ -330,6 +334,7 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
   // eligible.
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 3u << 20},
                           {DataType::bf16, ReduceOp::sum, 1536u << 10},
+                          {DataType::f32, ReduceOp::sum, 24u << 20},
                           {DataType::f32, ReduceOp::sum, 256u << 10}};
   for (CollKind kind : {CollKind::all_reduce, CollKind::all_to_all, CollKind::reduce_scatter}) {
     for (const Shape& s : shapes) {
@@ -338,8 +343,11 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
         const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
         CollCase cc{kind, s.dt, s.op, count, 0, n};
         const bool small = s.bytes < coll::shm::kCmaMeasuredMinBytes;
-        if (small && !cma_eligible(*c, cc, in_place)) continue;  // more ranks than cores
-        ASSERT_TRUE(cma_eligible(*c, cc, in_place)) << testing::coll_info(kind).name;
+        if (!cma_eligible(*c, cc, in_place)) {
+          // More ranks than cores (small), or past the node's cap unmeasured.
+          ASSERT_TRUE(small || !measured) << testing::coll_info(kind).name;
+          continue;
+        }
         const std::uint64_t before = c->impl()->direct_calls();
         std::uint64_t through_kernel_first = 0;
         for (int k = 0; k < kCalls; ++k) {
