@@ -259,8 +259,8 @@ using HeapPathChooser = MeasuredChoice<HeapPath>;
 // slots (SlotStoreCall), by measurement too. While those stores are being
 // measured the call's time does not stand for the staged way, and it is
 // not recorded: on a 2-rank all-reduce of 16 MB (AMD host), the stores
-// tried first took 7.0-7.7 ms where the staged way settles at 2.2-2.8, and
-// the chooser, seeing those, kept the kernel's way at 3.9-5.5 ms.
+// tried first took 7.4 and 8.9 ms where the staged way settles at 2.2-3.4,
+// and the chooser, seeing those, kept the kernel's way at 3.8-6.0 ms.
 struct HeapPathTiming {
   HeapPathChooser* chooser = nullptr;  // set when the call is to be recorded
   std::uint32_t band = 0;
