@@ -61,7 +61,9 @@ struct alignas(kLine) RankCtl {
   std::atomic<std::uint32_t> sleepers;
   std::atomic<std::uint32_t> aborted;
   std::atomic<std::int32_t> pid;
-  char pad1[kLine - 4 * sizeof(std::uint32_t)];
+  // Where the ranks outnumber the cores: the CPU the owner last waited on.
+  std::atomic<std::int32_t> cpu;
+  char pad1[kLine - 5 * sizeof(std::uint32_t)];
 };
 static_assert(sizeof(RankCtl) == 2 * kLine);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free);
@@ -174,6 +176,7 @@ class ShmSegment {
       c->sleepers.store(0, std::memory_order_relaxed);
       c->aborted.store(0, std::memory_order_relaxed);
       c->pid.store(0, std::memory_order_relaxed);
+      c->cpu.store(-1, std::memory_order_relaxed);
     }
     cache_offsets();
     for (int t = 0; t < g.local_size; ++t) {
@@ -360,6 +363,7 @@ bool ShmWindow::cma_measured() const noexcept { return seg_->header().cma == 2 &
 std::uint64_t ShmWindow::l2_bytes() const noexcept { return seg_->header().l2_bytes; }
 std::uint64_t ShmWindow::llc_bytes() const noexcept { return seg_->header().llc_bytes; }
 int ShmWindow::pid(int r) const noexcept { return seg_->ctl(r).pid.load(std::memory_order_acquire); }
+int ShmWindow::last_wait_cpu(int r) const noexcept { return seg_->ctl(r).cpu.load(std::memory_order_relaxed); }
 bool ShmWindow::one_process() const noexcept { return seg_->one_process(); }
 std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept { return seg_->slot(r, s); }
 
@@ -431,6 +435,10 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
   // Every rank has been seen at all_seen_ or beyond: no need to read their
   // counters (lines the peers keep writing) again for anything below it.
   if (ranks.empty() && value <= all_seen_) return {};
+  // Where the ranks outnumber the cores, peers look at this to tell
+  // whether this rank is queued on their CPU (YieldWatch).
+  const int my_cpu = oversubscribed_ ? sched_getcpu() : -1;
+  if (oversubscribed_) seg_->ctl(index_).cpu.store(my_cpu, std::memory_order_relaxed);
   const int n = ranks.empty() ? size() : static_cast<int>(ranks.size());
   auto rank_at = [&](int i) { return ranks.empty() ? i : ranks[static_cast<std::size_t>(i)]; };
   int lag = 0;  // the first rank not there yet; earlier ones stay there (monotonic)
@@ -462,12 +470,21 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
   // than cores the yield hands the core to a peer that shares it, and a
   // futex wake-up costs tens of microseconds on a virtual machine (on the
   // 2-core host, 3-5 ranks, 1-64 KB all-reduce: 4-34 us yielding for 2 ms
-  // against 23-99 us after three yields).
+  // against 23-99 us after three yields). Unless the yields stop handing
+  // it over (YieldWatch).
   const auto yield_end = Clock::now() + std::chrono::microseconds(kYieldUs);
+  YieldWatch watch;
   for (int i = 1; !local_failure(); ++i) {
+    const auto before = oversubscribed_ ? Clock::now() : Clock::time_point{};
     sched_yield();
     if (ready()) return {};
-    if ((i & 3) == 0 && Clock::now() >= yield_end) break;
+    if (oversubscribed_) {
+      const auto now = Clock::now();
+      const int lag_cpu = seg_->ctl(rank_at(lag)).cpu.load(std::memory_order_relaxed);
+      if (watch.after_yield(now - before, my_cpu, lag_cpu) || now >= yield_end) break;
+    } else if ((i & 3) == 0 && Clock::now() >= yield_end) {
+      break;
+    }
   }
   // Sleep on the lagging rank's futex until it publishes what we need;
   // between naps (at most kNapMs) look for aborts, exits and the deadline.

@@ -29,6 +29,7 @@
 #include <any>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -65,11 +66,46 @@ std::uint64_t llc_share(std::uint64_t llc, long cpus) noexcept;
 // cpu0's, read once, the last level as llc_share() of the online CPUs.
 const CacheSizes& host_cache_sizes();
 
+// Where a node's ranks outnumber its cores, when a waiter stops yielding
+// and sleeps on the futex. The scheduler (Linux's EEVDF; CFS alike) runs
+// on a yield only a task that is eligible, one that has not had more than
+// its share of the CPU lately; a peer queued behind the waiter that has
+// (it did the work while the waiter slept) is passed over, yield after
+// yield, until the waiter's own spinning has used up the difference:
+// milliseconds. On the 2-vCPU test host with 4 ranks, in one run in three,
+// dozens of 4 KB all-reduces in a row each took the whole 2 ms yield
+// budget, the waiter yielding 3000-4000 times with nothing else run.
+// Sleeping takes the waiter off the CPU, and the peer runs at once. So the
+// waiter sleeps after kEmptyInARow yields in a row that came back within
+// kEmpty (no other thread ran on this CPU) while the rank it waits for
+// last waited on this CPU (so it is queued here, not running elsewhere).
+// A yield that does run the peer takes microseconds and resets the count.
+// Same host, 100 rounds of 20 all-reduces between MPI barriers, mean per
+// call (3 runs each, before -> after): 4 ranks 4 KB 28-36 -> 17-27 us, the
+// slowest round 652-667 -> 22-121 us; 8 ranks 4 KB 178-217 -> 78-82 us.
+// It costs where a few more yields would have done: 4 ranks, 64 KB
+// 78-93 -> 89-106 us (docs/performance.md).
+class YieldWatch {
+ public:
+  static constexpr std::chrono::nanoseconds kEmpty{1000};
+  static constexpr int kEmptyInARow = 4;
+  // One yield that took `took`; `my_cpu`: this rank's CPU (-1 unknown),
+  // `lag_cpu`: where the rank waited for last waited. True: sleep now.
+  bool after_yield(std::chrono::nanoseconds took, int my_cpu, int lag_cpu) noexcept {
+    empty_ = took < kEmpty ? empty_ + 1 : 0;
+    return my_cpu >= 0 && empty_ >= kEmptyInARow && lag_cpu == my_cpu;
+  }
+
+ private:
+  int empty_ = 0;
+};
+
 class ShmWindow {
  public:
   static constexpr int kStages = 4;
   // Waiting: spin kSpinUs when the ranks fit on the cores, then yield for
-  // kYieldUs (as long as the transport's default CCLZ_YIELD_US), then sleep
+  // kYieldUs (as long as the transport's default CCLZ_YIELD_US; where the
+  // ranks outnumber the cores, less as YieldWatch says), then sleep
   // in naps of at most kNapMs (between naps: checks for aborted or exited
   // peers, the deadline, and the transport's progress).
   static constexpr int kSpinUs = 50;
@@ -170,6 +206,9 @@ class ShmWindow {
   std::uint64_t llc_bytes() const noexcept;
   // The process id of local rank r (0 until it has attached).
   int pid(int r) const noexcept;
+  // Where the ranks outnumber the cores: the CPU local rank r was on when
+  // it last called wait() (-1: none yet, or a window that fits its cores).
+  int last_wait_cpu(int r) const noexcept;
   // Whether the window's ranks are threads of this process (an anonymous
   // segment), sharing one address space.
   bool one_process() const noexcept;

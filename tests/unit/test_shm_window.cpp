@@ -8,8 +8,10 @@
 // "present", which needs no privilege).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -119,6 +121,62 @@ TEST(ShmWindow, CarriesTheCreatorsCacheSizesAndSlotStores) {
     EXPECT_EQ(st.code(), Result::invalid_argument) << bad;
     EXPECT_NE(st.message().find("slot stores " + std::to_string(bad)), std::string::npos) << st.message();
   }
+}
+
+// Where the ranks outnumber the cores, a waiter's yields that keep coming
+// back at once while the rank it waits for is queued on its CPU make it
+// sleep; yields that ran something, or a peer elsewhere, do not.
+TEST(YieldWatch, SleepsAfterEmptyYieldsOnlyWhileThePeerSharesTheCpu) {
+  using std::chrono::nanoseconds;
+  const nanoseconds empty{200}, ran{20000};
+  YieldWatch w;
+  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(w.after_yield(empty, 1, 1)) << i;
+  EXPECT_TRUE(w.after_yield(empty, 1, 1));
+
+  YieldWatch reset;
+  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(reset.after_yield(empty, 1, 1));
+  EXPECT_FALSE(reset.after_yield(ran, 1, 1)) << "a yield that ran another thread starts the count again";
+  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(reset.after_yield(empty, 1, 1)) << i;
+  EXPECT_TRUE(reset.after_yield(empty, 1, 1));
+
+  YieldWatch elsewhere;
+  for (int i = 0; i < 3 * YieldWatch::kEmptyInARow; ++i) {
+    EXPECT_FALSE(elsewhere.after_yield(empty, 1, 0)) << "the peer waited last on another CPU";
+    EXPECT_FALSE(elsewhere.after_yield(empty, 1, -1)) << "the peer has not waited yet";
+  }
+  EXPECT_TRUE(elsewhere.after_yield(empty, 1, 1)) << "then it is queued here";
+
+  YieldWatch unknown;
+  for (int i = 0; i < 3 * YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(unknown.after_yield(empty, -1, -1));
+}
+
+// The CPU a rank waited on is published only where the ranks outnumber the
+// cores, for the peers' YieldWatch.
+TEST(ShmWindow, PublishesTheCpuOfWaitsWhereRanksOutnumberCores) {
+  std::shared_ptr<ShmSegment> seg;
+  ASSERT_TRUE(ShmWindow::create_anonymous(geometry(), &seg).ok());
+  ShmWindow crowded(seg, {0, 1, 2}, 0, true), peer(seg, {0, 1, 2}, 1, true), roomy(seg, {0, 1, 2}, 2, false);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(crowded.last_wait_cpu(r), -1) << r;
+
+  // Stay on one CPU while the waits run.
+  cpu_set_t before, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  const int cpu = sched_getcpu();
+  ASSERT_GE(cpu, 0);
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  peer.publish(1);
+  const int r1 = 1;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  const Status a = crowded.wait(std::span<const int>(&r1, 1), 1, deadline, {}, "test");
+  const Status b = roomy.wait(std::span<const int>(&r1, 1), 1, deadline, {}, "test");
+  ASSERT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
+  ASSERT_TRUE(a.ok()) << a.to_string();
+  ASSERT_TRUE(b.ok()) << b.to_string();
+  EXPECT_EQ(peer.last_wait_cpu(0), cpu);
+  EXPECT_EQ(peer.last_wait_cpu(1), -1) << "rank 1 has not waited";
+  EXPECT_EQ(peer.last_wait_cpu(2), -1) << "rank 2's ranks fit on the cores";
 }
 
 // A sysfs cache directory written by the test.
