@@ -472,7 +472,7 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
   // 2-core host, 3-5 ranks, 1-64 KB all-reduce: 4-34 us yielding for 2 ms
   // against 23-99 us after three yields). Unless the yields stop handing
   // it over (YieldWatch).
-  const auto yield_end = Clock::now() + std::chrono::microseconds(kYieldUs);
+  const auto yield_start = Clock::now(), yield_end = yield_start + std::chrono::microseconds(kYieldUs);
   YieldWatch watch;
   for (int i = 1; !local_failure(); ++i) {
     const auto before = oversubscribed_ ? Clock::now() : Clock::time_point{};
@@ -487,13 +487,16 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
     }
   }
   // Sleep on the lagging rank's futex until it publishes what we need;
-  // between naps (at most kNapMs) look for aborts, exits and the deadline.
-  auto next_check = Clock::now();
+  // between naps (at most kNapMs) look for aborts, exits and the deadline,
+  // first kNapMs after the yields began (a wait that YieldWatch sent to
+  // sleep within microseconds does not pay for the checks and the
+  // transport's progress at once).
+  auto next_check = yield_start + std::chrono::milliseconds(kNapMs);
   for (;;) {
     if (local_failure()) return fail_status_;
     const int target = rank_at(lag);
     const auto now = Clock::now();
-    if (now >= next_check) {
+    if (now >= next_check || now >= deadline) {
       for (int r = 0; r < size(); ++r) {
         if (r != index_ && seg_->ctl(r).aborted.load(std::memory_order_acquire) != 0) {
           return peer_status(r, "stopped: its communicator failed or was aborted");

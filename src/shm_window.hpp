@@ -67,7 +67,7 @@ std::uint64_t llc_share(std::uint64_t llc, long cpus) noexcept;
 const CacheSizes& host_cache_sizes();
 
 // Where a node's ranks outnumber its cores, when a waiter stops yielding
-// and sleeps on the futex. The scheduler (Linux's EEVDF; CFS alike) runs
+// and sleeps on the futex. The scheduler (EEVDF, Linux 6.6 and later) runs
 // on a yield only a task that is eligible, one that has not had more than
 // its share of the CPU lately; a peer queued behind the waiter that has
 // (it did the work while the waiter slept) is passed over, yield after
