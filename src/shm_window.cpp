@@ -437,8 +437,12 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
   if (ranks.empty() && value <= all_seen_) return {};
   // Where the ranks outnumber the cores, peers look at this to tell
   // whether this rank is queued on their CPU (YieldWatch).
+  // Written only when it changed: the peers read this line after each
+  // yield, and ranks rarely move.
   const int my_cpu = oversubscribed_ ? sched_getcpu() : -1;
-  if (oversubscribed_) seg_->ctl(index_).cpu.store(my_cpu, std::memory_order_relaxed);
+  if (oversubscribed_ && seg_->ctl(index_).cpu.load(std::memory_order_relaxed) != my_cpu) {
+    seg_->ctl(index_).cpu.store(my_cpu, std::memory_order_relaxed);
+  }
   const int n = ranks.empty() ? size() : static_cast<int>(ranks.size());
   auto rank_at = [&](int i) { return ranks.empty() ? i : ranks[static_cast<std::size_t>(i)]; };
   int lag = 0;  // the first rank not there yet; earlier ones stay there (monotonic)
