@@ -91,15 +91,6 @@ void destroy_comm(std::unique_ptr<Comm>& c) {
   c.reset();
 }
 
-std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 void mpi_wait(MPI_Request* req) {
   // A few polls for the common case of peers already there, then a short
   // sleep between polls: the harness's exchanges are never timed.

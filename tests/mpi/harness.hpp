@@ -42,9 +42,6 @@ inline constexpr double kSlowSetupSeconds = 2.0;
 Status timed_split(Comm& parent, int color, int key, std::unique_ptr<Comm>* out, const char* what);
 Status timed_destroy(Comm& c, const char* what);
 
-// FNV-1a over bytes; `h` chains calls.
-std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h = 1469598103934665603ull);
-
 // MPI_COMM_WORLD collectives for the tests' own bookkeeping, waited for
 // without spinning (mpi_wait). MPICH's blocking calls poll in a tight loop,
 // and with more ranks than cores the ranks spinning there kept the CPU from

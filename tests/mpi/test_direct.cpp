@@ -126,13 +126,13 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, Memory memory, const st
   if (!in_place) {
     Guarded send(bc.send * es, memory), recv(bc.recv * es, memory);
     testing::fill_input(cc, rank, send.data());
-    const std::uint64_t before = fnv1a(send.data(), bc.send * es);
+    const std::uint64_t before = testing::hash_bytes(send.data(), bc.send * es);
     st = issue(c, cc, send.data(), recv.data(), opt).wait();
     if (st.ok()) {
       wrong = testing::check_output(cc, rank, recv.data());
       guards = send.guards_intact() && recv.guards_intact();
-      untouched = fnv1a(send.data(), bc.send * es) == before;
-      hash = fnv1a(recv.data(), bc.recv * es);
+      untouched = testing::hash_bytes(send.data(), bc.send * es) == before;
+      hash = testing::hash_bytes(recv.data(), bc.recv * es);
     }
   } else {
     const testing::InPlaceLayout lay = testing::in_place_layout(cc, rank);
@@ -142,7 +142,7 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, Memory memory, const st
     if (st.ok()) {
       wrong = testing::check_output(cc, rank, buf.data() + lay.recv_offset * es);
       guards = buf.guards_intact();
-      hash = fnv1a(buf.data() + lay.recv_offset * es, bc.recv * es);
+      hash = testing::hash_bytes(buf.data() + lay.recv_offset * es, bc.recv * es);
     }
   }
   if (!st.ok()) {
@@ -163,7 +163,7 @@ bool run_one(Comm& c, const CollCase& cc, bool in_place, bool registered, const 
 
 void expect_same_everywhere(const std::vector<std::uint64_t>& hashes) {
   std::uint64_t h = 0;
-  for (std::uint64_t x : hashes) h = fnv1a(&x, sizeof x, h);
+  for (std::uint64_t x : hashes) h = testing::hash_bytes(&x, sizeof x, h);
   for (std::uint64_t other : allgather_u64(h)) {
     EXPECT_EQ(other, h) << rank_tag() << ": a replicated result differs between ranks";
   }

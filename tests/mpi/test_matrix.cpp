@@ -163,13 +163,13 @@ bool run_case(Comm& c, const CollCase& cc, bool in_place, const std::string& alg
   if (!in_place) {
     Guarded send(send_n * es), recv(recv_n * es);
     testing::fill_input(cc, rank, send.data());
-    const std::uint64_t before = fnv1a(send.data(), send.bytes());
+    const std::uint64_t before = testing::hash_bytes(send.data(), send.bytes());
     st = issue(c, cc, send.data(), recv.data(), opt, &v).wait();
     if (st.ok()) {
       wrong = testing::check_output(cc, rank, recv.data());
       guards_ok = send.guards_intact() && recv.guards_intact();
-      send_untouched = fnv1a(send.data(), send.bytes()) == before;
-      out_hash = fnv1a(recv.data(), recv.bytes());
+      send_untouched = testing::hash_bytes(send.data(), send.bytes()) == before;
+      out_hash = testing::hash_bytes(recv.data(), recv.bytes());
     }
   } else {
     testing::InPlaceLayout lay = testing::in_place_layout(cc, rank);
@@ -179,7 +179,7 @@ bool run_case(Comm& c, const CollCase& cc, bool in_place, const std::string& alg
     if (st.ok()) {
       wrong = testing::check_output(cc, rank, buf.data() + lay.recv_offset * es);
       guards_ok = buf.guards_intact();
-      out_hash = fnv1a(buf.data() + lay.recv_offset * es, recv_n * es);
+      out_hash = testing::hash_bytes(buf.data() + lay.recv_offset * es, recv_n * es);
     }
   }
   ++tally.run;

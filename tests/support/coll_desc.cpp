@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 namespace cclz::testing {
 namespace {
@@ -110,84 +111,105 @@ Gen make_gen(const CollCase& c) noexcept {
   return g;
 }
 
-// Writes integer-valued `v` (exact by construction) as dtype element i.
-// Integers are converted modulo 2^bits, which is what the kernels' wrapping
-// arithmetic yields too.
-inline void store_int(void* buf, std::size_t i, DataType dt, std::int64_t v) noexcept {
+// Writes integer-valued `v` (exact by construction) as element i of a
+// buffer of dtype D. Integers are converted modulo 2^bits, which is what the
+// kernels' wrapping arithmetic yields too. The dtype (and, below, the op) is
+// a template argument so that the loops over every element of a case's
+// buffers carry no per-element dispatch: they set the multi-rank suites'
+// time, computing each rank's reference from all ranks' inputs.
+template <DataType D>
+inline void store_int(void* buf, std::size_t i, std::int64_t v) noexcept {
+  if constexpr (D == DataType::i8) static_cast<std::int8_t*>(buf)[i] = static_cast<std::int8_t>(v);
+  else if constexpr (D == DataType::u8) static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v);
+  else if constexpr (D == DataType::i32) static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v);
+  else if constexpr (D == DataType::i64) static_cast<std::int64_t*>(buf)[i] = v;
+  else if constexpr (D == DataType::f16) static_cast<std::uint16_t*>(buf)[i] = to_f16_bits(static_cast<float>(v));
+  else if constexpr (D == DataType::bf16) static_cast<std::uint16_t*>(buf)[i] = to_bf16_bits(static_cast<float>(v));
+  else if constexpr (D == DataType::f32) static_cast<float*>(buf)[i] = static_cast<float>(v);
+  else static_cast<double*>(buf)[i] = static_cast<double>(v);
+}
+
+// Calls f(std::integral_constant<DataType, dt>{}).
+template <class F>
+void with_dtype(DataType dt, F&& f) {
   switch (dt) {
-    case DataType::i8: static_cast<std::int8_t*>(buf)[i] = static_cast<std::int8_t>(v); break;
-    case DataType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
-    case DataType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
-    case DataType::i64: static_cast<std::int64_t*>(buf)[i] = v; break;
-    case DataType::f16: static_cast<std::uint16_t*>(buf)[i] = to_f16_bits(static_cast<float>(v)); break;
-    case DataType::bf16: static_cast<std::uint16_t*>(buf)[i] = to_bf16_bits(static_cast<float>(v)); break;
-    case DataType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case DataType::f64: static_cast<double*>(buf)[i] = static_cast<double>(v); break;
+    case DataType::i8: f(std::integral_constant<DataType, DataType::i8>{}); break;
+    case DataType::u8: f(std::integral_constant<DataType, DataType::u8>{}); break;
+    case DataType::i32: f(std::integral_constant<DataType, DataType::i32>{}); break;
+    case DataType::i64: f(std::integral_constant<DataType, DataType::i64>{}); break;
+    case DataType::f16: f(std::integral_constant<DataType, DataType::f16>{}); break;
+    case DataType::bf16: f(std::integral_constant<DataType, DataType::bf16>{}); break;
+    case DataType::f32: f(std::integral_constant<DataType, DataType::f32>{}); break;
+    case DataType::f64: f(std::integral_constant<DataType, DataType::f64>{}); break;
   }
 }
 
 // Integer arithmetic in the dtype's width: what a wrapping kernel produces.
-inline std::int64_t wrap(DataType dt, std::int64_t v) noexcept {
-  switch (dt) {
-    case DataType::i8: return static_cast<std::int8_t>(v);
-    case DataType::u8: return static_cast<std::uint8_t>(v);
-    case DataType::i32: return static_cast<std::int32_t>(v);
-    default: return v;
-  }
+template <DataType D>
+inline std::int64_t wrap(std::int64_t v) noexcept {
+  if constexpr (D == DataType::i8) return static_cast<std::int8_t>(v);
+  else if constexpr (D == DataType::u8) return static_cast<std::uint8_t>(v);
+  else if constexpr (D == DataType::i32) return static_cast<std::int32_t>(v);
+  else return v;
 }
 
 // Stores the final value of a reduction whose exact integer result is `acc`.
 // avg: integers truncate (C++ '/' truncates towards zero); floats divide once
 // in their accumulation type and round once to the dtype.
-inline void store_reduced(void* buf, std::size_t i, DataType dt, ReduceOp op, std::int64_t acc, int n) noexcept {
-  if (op != ReduceOp::avg) {
-    store_int(buf, i, dt, acc);
-    return;
+template <DataType D, ReduceOp Op>
+inline void store_reduced(void* buf, std::size_t i, std::int64_t acc, int n) noexcept {
+  if constexpr (Op != ReduceOp::avg) {
+    store_int<D>(buf, i, acc);
+  } else if constexpr (D == DataType::i8 || D == DataType::u8 || D == DataType::i32 || D == DataType::i64) {
+    store_int<D>(buf, i, wrap<D>(acc) / n);
+  } else if constexpr (D == DataType::f16) {
+    static_cast<std::uint16_t*>(buf)[i] = to_f16_bits(static_cast<float>(acc) / static_cast<float>(n));
+  } else if constexpr (D == DataType::bf16) {
+    static_cast<std::uint16_t*>(buf)[i] = to_bf16_bits(static_cast<float>(acc) / static_cast<float>(n));
+  } else if constexpr (D == DataType::f32) {
+    static_cast<float*>(buf)[i] = static_cast<float>(acc) / static_cast<float>(n);
+  } else {
+    static_cast<double*>(buf)[i] = static_cast<double>(acc) / static_cast<double>(n);
   }
-  switch (dt) {
-    case DataType::i8:
-    case DataType::u8:
-    case DataType::i32:
-    case DataType::i64: store_int(buf, i, dt, wrap(dt, acc) / n); break;
-    case DataType::f16:
-      static_cast<std::uint16_t*>(buf)[i] = to_f16_bits(static_cast<float>(acc) / static_cast<float>(n));
-      break;
-    case DataType::bf16:
-      static_cast<std::uint16_t*>(buf)[i] = to_bf16_bits(static_cast<float>(acc) / static_cast<float>(n));
-      break;
-    case DataType::f32: static_cast<float*>(buf)[i] = static_cast<float>(acc) / static_cast<float>(n); break;
-    case DataType::f64: static_cast<double*>(buf)[i] = static_cast<double>(acc) / static_cast<double>(n); break;
+}
+
+template <ReduceOp Op>
+inline std::int64_t combine(std::int64_t acc, std::int64_t v) noexcept {
+  if constexpr (Op == ReduceOp::sum || Op == ReduceOp::avg) return acc + v;
+  else if constexpr (Op == ReduceOp::prod) return acc * v;
+  else if constexpr (Op == ReduceOp::max) return std::max(acc, v);
+  else return std::min(acc, v);
+}
+
+template <DataType D, ReduceOp Op>
+void reduce_expected_as(const Gen& g, int n, std::uint64_t base, std::size_t count, void* out) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t idx = base + i;
+    std::int64_t acc = g.value(0, idx);
+    for (int q = 1; q < n; ++q) acc = combine<Op>(acc, g.value(q, idx));
+    store_reduced<D, Op>(out, i, acc, n);
   }
 }
 
 // out[i] = op over ranks q of value(q, base + i), for i < count.
 void reduce_expected(const CollCase& c, const Gen& g, std::uint64_t base, std::size_t count, void* out) {
-  const int n = c.nranks;
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::uint64_t idx = base + i;
-    std::int64_t acc = g.value(0, idx);
+  with_dtype(c.dt, [&](auto d) {
+    constexpr DataType D = decltype(d)::value;
     switch (c.op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg:
-        for (int q = 1; q < n; ++q) acc += g.value(q, idx);
-        break;
-      case ReduceOp::prod:
-        for (int q = 1; q < n; ++q) acc *= g.value(q, idx);
-        break;
-      case ReduceOp::max:
-        for (int q = 1; q < n; ++q) acc = std::max(acc, g.value(q, idx));
-        break;
-      case ReduceOp::min:
-        for (int q = 1; q < n; ++q) acc = std::min(acc, g.value(q, idx));
-        break;
+      case ReduceOp::sum: reduce_expected_as<D, ReduceOp::sum>(g, c.nranks, base, count, out); break;
+      case ReduceOp::avg: reduce_expected_as<D, ReduceOp::avg>(g, c.nranks, base, count, out); break;
+      case ReduceOp::prod: reduce_expected_as<D, ReduceOp::prod>(g, c.nranks, base, count, out); break;
+      case ReduceOp::max: reduce_expected_as<D, ReduceOp::max>(g, c.nranks, base, count, out); break;
+      case ReduceOp::min: reduce_expected_as<D, ReduceOp::min>(g, c.nranks, base, count, out); break;
     }
-    store_reduced(out, i, c.dt, c.op, acc, n);
-  }
+  });
 }
 
 // out[i] = value(rank, base + i): one rank's data, moved unchanged.
 void copy_expected(const Gen& g, DataType dt, int rank, std::uint64_t base, std::size_t count, void* out) {
-  for (std::size_t i = 0; i < count; ++i) store_int(out, i, dt, g.value(rank, base + i));
+  with_dtype(dt, [&](auto d) {
+    for (std::size_t i = 0; i < count; ++i) store_int<decltype(d)::value>(out, i, g.value(rank, base + i));
+  });
 }
 
 void* offset_ptr(void* p, std::size_t elems, DataType dt) noexcept {
@@ -377,6 +399,29 @@ std::size_t count_wrong(const void* got, const void* want, std::size_t n, DataTy
     case 8: return count_diff<std::uint64_t>(got, want, n);
     default: return n;
   }
+}
+
+std::uint64_t hash_bytes(const void* data, std::size_t bytes, std::uint64_t h) {
+  constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;  // odd: multiplying is a bijection
+  const auto* p = static_cast<const unsigned char*>(data);
+  auto step = [](std::uint64_t x, std::uint64_t w) { return std::rotl((x ^ w) * kMul, 29); };
+  auto word = [](const unsigned char* q) {
+    std::uint64_t w;
+    std::memcpy(&w, q, sizeof w);
+    return w;
+  };
+  std::uint64_t lane[4] = {h, h ^ 1, h ^ 2, h ^ 3};
+  std::size_t i = 0;
+  for (; i + 32 <= bytes; i += 32) {
+    for (int k = 0; k < 4; ++k) lane[k] = step(lane[k], word(p + i + 8 * k));
+  }
+  for (; i + 8 <= bytes; i += 8) lane[0] = step(lane[0], word(p + i));
+  std::uint64_t tail = 0;
+  std::memcpy(&tail, p + i, bytes - i);
+  // The length goes in too, so that trailing zero bytes count.
+  h = step(step(lane[0], tail), bytes);
+  for (int k = 1; k < 4; ++k) h = step(h, lane[k]);
+  return h;
 }
 
 std::size_t check_output(const CollCase& c, int rank, const void* recvbuf) {
