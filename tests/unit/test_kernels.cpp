@@ -681,7 +681,7 @@ TEST(KernelsReduceMany, FoldsEveryDtypeOpAndAlias) {
     for (DataType dt : cclz::kAllDataTypes) {
       const std::size_t es = cclz::dtype_size(dt);
       for (ReduceOp op : kOps) {
-        for (std::size_t k : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{5}}) {
+        for (std::size_t k : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{5}, std::size_t{9}}) {
           for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}, std::size_t{48}, std::size_t{1000},
                                 std::size_t{2049}}) {
             // alias: -1 = dst separate, otherwise dst == srcs[alias]
