@@ -58,6 +58,9 @@ step "meson test ($build)" $((SECONDS - t)) "$([[ $main_rc -eq 0 ]] && echo ok |
 #                     registered memory (needed for RDMA registration caches,
 #                     not for shared memory or TCP); ASan intercepts the same
 #                     functions and the two fight over them.
+# The tests' oracle (tests/support/coll_desc.cpp), which generates every
+# input and expected element, is built there at -O2 without instrumentation
+# (bench/meson.build): instrumented, it took most of the suites' time.
 # The meson test definitions set these options (tests/meson.build), so
 # running `meson test -C build-asan --suite mpi-core` by hand behaves alike.
 asan_rc=0
