@@ -1217,8 +1217,7 @@ struct hw512_bf16 {
 static_assert(kBlock % 32 == 0, "a partial 512-bit step must stay inside the accumulator");
 #endif
 
-// Which f16 and bf16 implementations a variant uses, and whether its f32
-// n-input reduce may take fold_f32_v3 (AVX2).
+// Which f16 and bf16 implementations a variant uses.
 struct soft_halves {
   static constexpr bool kFoldF32 = false;
   using f16 = soft_f16;
