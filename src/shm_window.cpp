@@ -33,6 +33,23 @@ constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kSlotPad = 4096;
 
+// Writes once to every page of a new mapping of the window, leaving its
+// bytes as they are. Where the hypervisor keeps shadow page tables (the
+// AMD test host runs under PVM), a process's first write to a page costs
+// 5-9 us even after MAP_POPULATE, whose kernel-side fill the shadow tables
+// do not see (a first read 1.5-2 us, and the write after it 6 more). Left
+// to the collectives, staged calls paid it on each slot's first use: the
+// first two 2-rank all-to-alls of each size from 256 KB took 0.4-3 ms
+// against 11-90 us after, and a chooser that measured the staged way then
+// saw it as slow (cclz-perf -n 20 -w 3, 2 ranks: the 1 MB all-to-all 105
+// -> 58 us with this). A locked add of zero is a write, and one that
+// cannot undo a peer's concurrent store.
+void touch_pages(std::byte* base, std::size_t bytes) noexcept {
+  for (std::size_t off = 0; off < bytes; off += kPage) {
+    std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(base + off)).fetch_add(0, std::memory_order_relaxed);
+  }
+}
+
 // Layout: Header (one page), then one RankCtl per rank, one CallSig line per
 // (rank, slot), one wake-up threshold per (rank, waiter), then the data
 // (page aligned), rank-major.
@@ -281,7 +298,8 @@ Status ShmWindow::create_named(const Geometry& g, std::string* name, std::shared
   // MAP_POPULATE maps every page now (8 MiB for 2 ranks: 1-3 ms, once);
   // otherwise a slot's first use in a collective faults on each of its
   // pages (about 200 us per 1 MiB slot, measured on 2 bound ranks). The
-  // other mappings below do the same.
+  // other mappings below do the same, and each process touches its mapping
+  // (touch_pages).
   void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
@@ -289,6 +307,7 @@ Status ShmWindow::create_named(const Geometry& g, std::string* name, std::shared
     shm_unlink(n.c_str());
     return st;
   }
+  touch_pages(static_cast<std::byte*>(p), total);
   auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), total);
   seg->init(g, total);
   *name = n;
@@ -308,6 +327,7 @@ Status ShmWindow::open_named(const std::string& name, std::shared_ptr<ShmSegment
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return errno_status("mmap " + name);
+  touch_pages(static_cast<std::byte*>(p), bytes);
   auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), bytes);
   const Header& h = seg->header();
   if (h.magic != kMagic || h.total_bytes != bytes || !check_geometry(seg->geometry()).ok()) {
@@ -325,6 +345,7 @@ Status ShmWindow::create_anonymous(const Geometry& g, std::shared_ptr<ShmSegment
   const std::size_t total = offsets(g).total;
   void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) return errno_status("mmap of " + std::to_string(total) + " bytes");
+  touch_pages(static_cast<std::byte*>(p), total);
   auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), total, true);
   seg->init(g, total);
   *out = std::move(seg);
