@@ -46,7 +46,8 @@ constexpr std::size_t kSlotPad = 4096;
 // cannot undo a peer's concurrent store.
 void touch_pages(std::byte* base, std::size_t bytes) noexcept {
   for (std::size_t off = 0; off < bytes; off += kPage) {
-    std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(base + off)).fetch_add(0, std::memory_order_relaxed);
+    auto* word = reinterpret_cast<std::uint64_t*>(base + off);
+    std::atomic_ref<std::uint64_t>(*word).fetch_add(0, std::memory_order_relaxed);
   }
 }
 

@@ -102,7 +102,8 @@ TEST(ShmWindow, OpeningLeavesTheBytesAsTheyWere) {
   const ShmWindow first(created, {0, 1, 2}, 0, false);
   const ShmWindow::Geometry g = geometry();
   auto pattern = [](int r, int s, std::size_t i) {
-    return static_cast<std::byte>((static_cast<std::size_t>(r) * 131 + static_cast<std::size_t>(s) * 17 + i * 7) % 251 + 1);
+    const auto seed = static_cast<std::size_t>(r) * 131 + static_cast<std::size_t>(s) * 17;
+    return static_cast<std::byte>((seed + i * 7) % 251 + 1);
   };
   for (int r = 0; r < g.local_size; ++r) {
     for (int s = 0; s < g.slots; ++s) {
