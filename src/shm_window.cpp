@@ -28,10 +28,24 @@
 namespace cclz::detail {
 namespace {
 
-constexpr std::uint64_t kMagic = 0x636c7a73686d3035ULL;  // "clzshm05"
+constexpr std::uint64_t kMagic = 0x636c7a73686d3036ULL;  // "clzshm06"
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kSlotPad = 4096;
+
+// Where slot `idx` starts within its page. Slots start at offsets 448 bytes
+// apart (nine in turn), so that a slot, its peers' and the caller's buffers
+// do not all share their low 12 address bits: a load whose address matches
+// an earlier, still pending store's in those bits waits for it (4K
+// aliasing), which stalls copies and reductions. And no slot starts within
+// 256 bytes of a page's start, either way: most large buffers start in a
+// page's first line (page-aligned ones at 0, glibc's mmap'd malloc chunks at
+// 16, 64-byte aligned ones at 64), and a slot 48 bytes past its source (the
+// first slot here was at 64) made copies into it stall: 2 bound ranks,
+// std::vector buffers, 4 MB all-to-all 226-269 -> 186-190 us,
+// reduce-scatter 221-231 -> 164-166 us (docs/performance.md).
+constexpr std::size_t slot_page_offset(std::size_t idx) { return (idx * 7 % 63 + 4) * kLine; }
+static_assert(slot_page_offset(0) >= 256 && slot_page_offset(8) + 256 <= kPage, "slots keep off page starts");
 
 // Writes once to every page of a new mapping of the window, leaving its
 // bytes as they are. Where the hypervisor keeps shadow page tables (the
@@ -153,10 +167,7 @@ class ShmSegment {
     const Header& h = header();
     const auto idx = static_cast<std::size_t>(r) * static_cast<std::size_t>(h.slots) +
                      static_cast<std::size_t>(s % static_cast<std::uint64_t>(h.slots));
-    // Slots start at different offsets within a page, so that a slot, its
-    // peers' and the caller's page-aligned buffers do not all share their
-    // low 12 address bits (4K aliasing stalls copies and reductions).
-    return base_ + data_off_ + idx * (h.slot_bytes + kSlotPad) + (idx * 7 % 63 + 1) * kLine;
+    return base_ + data_off_ + idx * (h.slot_bytes + kSlotPad) + slot_page_offset(idx);
   }
   ShmWindow::Geometry geometry() const {
     const Header& h = header();

@@ -91,6 +91,37 @@ TEST(ShmWindow, AnonymousSlotsAreMappedAtCreation) {
   expect_slots_mapped(w, "anonymous");
 }
 
+// Where the slots start within their pages (shm_window.cpp,
+// slot_page_offset): no two of a rank's consecutive slots, nor the same slot
+// of two neighbouring ranks, at the same offset, and none within 256 bytes
+// of a page's start either way, where most large buffers start (0, 16 or 64
+// bytes in): a slot starting 48 bytes past its source's offset made copies
+// into it stall on 4K aliasing.
+TEST(ShmWindow, SlotsStartAwayFromWhereBuffersStart) {
+  ShmWindow::Geometry g = geometry();
+  g.local_size = 8;  // 32 slots: every one of the nine offsets, several times
+  std::shared_ptr<ShmSegment> seg;
+  ASSERT_TRUE(ShmWindow::create_anonymous(g, &seg).ok());
+  const ShmWindow w(seg, {0, 1, 2, 3, 4, 5, 6, 7}, 0, false);
+  auto offset = [&](int r, int s) {
+    return reinterpret_cast<std::uintptr_t>(w.slot(r, static_cast<std::uint64_t>(s))) % page();
+  };
+  for (int r = 0; r < g.local_size; ++r) {
+    for (int s = 0; s < g.slots; ++s) {
+      const std::uintptr_t off = offset(r, s);
+      EXPECT_GE(off, 256u) << "rank " << r << " slot " << s;
+      EXPECT_LE(off + 256, page()) << "rank " << r << " slot " << s;
+      EXPECT_EQ(off % 64, 0u) << "rank " << r << " slot " << s;
+      if (s + 1 < g.slots) {
+        EXPECT_NE(off, offset(r, s + 1)) << "rank " << r << " slot " << s;
+      }
+      if (r + 1 < g.local_size) {
+        EXPECT_NE(off, offset(r + 1, s)) << "rank " << r << " slot " << s;
+      }
+    }
+  }
+}
+
 // Each process writes once to every page it maps (touch_pages, for hosts
 // whose hypervisor shadows the page tables); the bytes stay as they were:
 // a second mapping, opened after the creator filled every slot, reads the
