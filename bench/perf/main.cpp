@@ -528,13 +528,14 @@ int run(int argc, char** argv) {
   info.buffers = o.buffers;
   info.offset = o.offset;
   info.touch = o.touch;
-  info.roof = o.kind == CollKind::all_reduce && info.nodes == 1;
+  info.roof = o.roofline && o.kind == CollKind::all_reduce && info.nodes == 1;
+  info.copy_measured = o.roofline;
   info.copiers_n = std::max(1, std::min(info.local_ranks, info.cores));
 
   // Copy bandwidth, measured once by rank 0 while the others sleep.
   {
     double bw[5] = {0, 0, 0, 0, 0};
-    if (rank == 0) {
+    if (rank == 0 && info.copy_measured) {
       const CopyBandwidth one = measure_copy_bandwidth(1, std::size_t{256} << 20, 3, &cpus);
       const CopyBandwidth many =
           info.copiers_n == 1 ? one : measure_copy_bandwidth(info.copiers_n, std::size_t{256} << 20, 3, &cpus);

@@ -120,6 +120,8 @@ Options (as nccl-tests unless marked cclz):
       --json FILE         cclz: also write every row as JSON (rank 0)
       --csv FILE          cclz: also write every row as CSV (rank 0)
       --no-mpi            cclz: skip the MPI baseline columns
+      --no-roofline       cclz: skip the copy-bandwidth measurement at start
+                          (a few seconds) and the %roof column
       --compressor SPEC   cclz: all_reduce only; instead of the table above,
                           time the compressed all-reduce of SPEC (e.g.
                           ef+topk:ratio=0.01, powersgd:rank=4, auto:int8)
@@ -174,6 +176,8 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
       o.help = true;
     } else if (name == "--no-mpi") {
       o.mpi_baseline = false;
+    } else if (name == "--no-roofline") {
+      o.roofline = false;
     } else if (name == "--touch") {
       o.touch = true;
     } else if (name == "-b" || name == "--minbytes") {

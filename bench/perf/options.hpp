@@ -44,6 +44,10 @@ struct Options {
   // the writer's cache and not in the reader's from the call before; each
   // call is then timed alone, after a barrier (touch and barrier untimed).
   bool touch = false;
+  // --no-roofline: no copy-bandwidth measurement at start (about 3 s of
+  // 256 MB copies on rank 0), so no %roof column; for runs that check
+  // results rather than measure (tests/perf).
+  bool roofline = true;
   // --compressor SPEC (repeatable): time the compressed all-reduce instead
   // of the dense table (bench/perf/compressed.cpp); --requant picks the
   // re-quantizable scheme.

@@ -81,10 +81,14 @@ void print_header(std::FILE* f, const RunInfo& i) {
                : i.buffers == BufferKind::heap ? "heap (-R 0)"
                                                : "heap, cclz::register_buffer (-R 2: node-local peers read them in place)",
                i.offset);
-  std::fprintf(f, "# copy bandwidth (bytes read + written, the faster of memcpy and a streamed copy, best of 3 each, "
-               "%zu MB per copier): 1 copier %.2f GB/s, %d concurrent %.2f GB/s (memcpy %.2f, streamed %.2f)\n",
-               i.copy_bytes >> 20, i.copy_bw_1 / kGB, i.copiers_n, i.copy_bw_n / kGB, i.copy_bw_n_memcpy / kGB,
-               i.copy_bw_n_streamed / kGB);
+  if (i.copy_measured) {
+    std::fprintf(f, "# copy bandwidth (bytes read + written, the faster of memcpy and a streamed copy, best of 3 each, "
+                 "%zu MB per copier): 1 copier %.2f GB/s, %d concurrent %.2f GB/s (memcpy %.2f, streamed %.2f)\n",
+                 i.copy_bytes >> 20, i.copy_bw_1 / kGB, i.copiers_n, i.copy_bw_n / kGB, i.copy_bw_n_memcpy / kGB,
+                 i.copy_bw_n_streamed / kGB);
+  } else {
+    std::fprintf(f, "# copy bandwidth not measured (--no-roofline)\n");
+  }
   if (i.touch) {
     std::fprintf(f, "# time = per-call average on each rank, max over ranks; GB = 1e9 bytes; --touch: before each "
                  "call every rank wrote its input's cache lines and read its output's, then a barrier (untimed)\n");
@@ -226,6 +230,8 @@ void print_summary(std::FILE* f, const std::vector<Row>& rows) {
 }
 
 bool write_json(const std::string& path, const RunInfo& i, const std::vector<Row>& rows, std::string* error) {
+  // Copy bandwidths in GB/s; null where --no-roofline left them unmeasured.
+  auto copy_num = [&](double bytes_per_s) { return i.copy_measured ? num(bytes_per_s / kGB) : std::string("null"); };
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
     *error = "cannot open " + path + " for writing";
@@ -240,8 +246,8 @@ bool write_json(const std::string& path, const RunInfo& i, const std::vector<Row
   std::fprintf(f,
                "  \"copy_bw_1_gbs\": %s, \"copy_bw_n_gbs\": %s, \"copy_bw_n_memcpy_gbs\": %s, "
                "\"copy_bw_n_streamed_gbs\": %s, \"copiers_n\": %d, \"llc_bytes\": %zu,\n",
-               num(i.copy_bw_1 / kGB).c_str(), num(i.copy_bw_n / kGB).c_str(), num(i.copy_bw_n_memcpy / kGB).c_str(),
-               num(i.copy_bw_n_streamed / kGB).c_str(), i.copiers_n, i.llc_bytes);
+               copy_num(i.copy_bw_1).c_str(), copy_num(i.copy_bw_n).c_str(), copy_num(i.copy_bw_n_memcpy).c_str(),
+               copy_num(i.copy_bw_n_streamed).c_str(), i.copiers_n, i.llc_bytes);
   std::fprintf(f, "  \"time\": \"per-iteration average per rank, max over ranks\",\n  \"rows\": [\n");
   for (std::size_t k = 0; k < rows.size(); ++k) {
     const Row& r = rows[k];

@@ -66,6 +66,7 @@ struct RunInfo {
   BufferKind buffers = BufferKind::heap;  // -R
   std::size_t offset = 0;     // --offset: bytes past a 64-byte boundary
   bool touch = false;         // --touch: buffers touched between calls, each call timed alone
+  bool copy_measured = true;  // false with --no-roofline: the copy_bw fields are 0
   bool roof = false;          // roofline column printed (all_reduce on one host)
 };
 

@@ -7,15 +7,17 @@
    and two ops given as lists, odd and zero sizes, the MPI baseline on: the
    exit status is 0, the CSV holds one row per (type, op, size) as asked,
    no element is wrong out of place or in place, and MPI's columns are
-   filled.
+   filled. These runs skip the copy-bandwidth measurement (--no-roofline,
+   about 3 s each), and the header says so.
 2. Bad command lines end with status 2 and say what is wrong, before any
    collective runs.
 3. Buffers from cclz::mem_alloc and heap buffers registered with
    cclz::register_buffer (-R 1, -R 2), at sizes of the direct path: exact.
 4. --touch (buffers touched between calls): said in the header and the
    JSON, and the timed calls' output is exact.
-5. perf_tables.py --plot: the markdown tables and a PNG of the curves, from
-   its own runs and from a CSV of step 1 (--from-csv, as scripts/main.sh).
+5. perf_tables.py --plot: the markdown tables (headed by the copy
+   bandwidth cclz-perf measured) and a PNG of the curves, from its own runs
+   and from a CSV of step 1 (--from-csv, as scripts/main.sh).
 Every command is bounded in time; every failure is reported, then the test
 exits 1 if there was any.
 """
@@ -51,10 +53,13 @@ def check_sweep(tmp, coll, ranks):
     # -i 1000 from 0: sizes 0, 1000, 2000, 3000, so zero, odd element counts
     # (bf16: 500, 1000, 1500) and sizes that are no multiple of a line.
     cmd = [MPIEXEC, "-n", str(ranks), PERF, coll, "-c", "1", "-b", "0", "-e", "3000", "-i", "1000",
-           "-n", "2", "-w", "1", "-d", "f32,bf16", "-o", "sum,max", "-r", str(ranks - 1), "--csv", path]
+           "-n", "2", "-w", "1", "-d", "f32,bf16", "-o", "sum,max", "-r", str(ranks - 1), "--csv", path,
+           "--no-roofline"]
     rc, out, err = run(cmd)
     if rc != 0:
         fail(f"{' '.join(cmd)}: exit {rc}\n{out[-2000:]}\n{err[-2000:]}")
+    if "# copy bandwidth not measured (--no-roofline)" not in out or "%roof" in out:
+        fail(f"{' '.join(cmd)}: the header does not say the copy bandwidth was left out, or a %roof column\n{out}")
     if not os.path.exists(path):
         return fail(f"{' '.join(cmd)}: no CSV written")
     with open(path) as f:
@@ -91,7 +96,7 @@ def check_buffer_kinds(tmp):
         for coll in ("all_reduce", "all_gather"):
             path = os.path.join(tmp, f"{coll}-R{flag}.csv")
             cmd = [MPIEXEC, "-n", "3", PERF, coll, "-c", "1", "-b", "1000000", "-e", "4000000", "-f", "4", "-n", "2",
-                   "-w", "1", "-R", flag, "--offset", "16", "--csv", path]
+                   "-w", "1", "-R", flag, "--offset", "16", "--csv", path, "--no-roofline"]
             rc, out, err = run(cmd)
             if rc != 0 or name not in out:
                 fail(f"{' '.join(cmd)}: exit {rc}, header without {name!r}\n{out[-2000:]}\n{err[-2000:]}")
@@ -109,7 +114,7 @@ def check_touch(tmp):
     for coll in ("all_reduce", "all_to_all"):
         path = os.path.join(tmp, f"{coll}-touch.json")
         cmd = [MPIEXEC, "-n", "3", PERF, coll, "-c", "1", "-b", "4K", "-e", "1M", "-f", "16", "-n", "3", "-w", "1",
-               "--touch", "--json", path]
+               "--touch", "--json", path, "--no-roofline"]
         rc, out, err = run(cmd)
         if rc != 0 or "--touch: before each call every rank wrote its input" not in out:
             fail(f"{' '.join(cmd)}: exit {rc}, header without --touch\n{out[-2000:]}\n{err[-2000:]}")
@@ -119,6 +124,8 @@ def check_touch(tmp):
         rows = doc["rows"]
         if doc.get("touch") is not True or len(rows) != 3:
             fail(f"{' '.join(cmd)}: touch {doc.get('touch')!r}, {len(rows)} rows, want true and 3")
+        if doc.get("copy_bw_n_gbs", 0) is not None:
+            fail(f"{' '.join(cmd)}: copy_bw_n_gbs {doc.get('copy_bw_n_gbs')!r} in the JSON, want null (--no-roofline)")
         for r in rows:
             mpi = r["mpi"] or {}
             if r["out_of_place"]["wrong"] != 0 or not mpi.get("time_us"):
@@ -169,6 +176,10 @@ def check_tables(tmp):
         head = f"**all_reduce, 2 ranks, {dtype} sum, algorithm: tuner, heap buffers** (median of 2 runs"
         if head not in out:
             fail(f"perf_tables: no table headed {head!r} in:\n{out}")
+    # Without --no-roofline cclz-perf measures the copy bandwidth, which
+    # perf_tables reads from its header.
+    if "; two copiers " not in out:
+        fail(f"perf_tables: no copy bandwidth from cclz-perf's header in:\n{out}")
     table_rows = [ln for ln in out.splitlines() if ln.startswith("| 4096 |") or ln.startswith("| 16384 |")]
     if len(table_rows) != 4:
         fail(f"perf_tables: {len(table_rows)} rows for 4096 and 16384 bytes, want 4:\n{out}")
