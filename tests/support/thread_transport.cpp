@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -126,52 +125,108 @@ void ThreadTransport::fail(const Status& why) {
 
 namespace {
 
-// Rank threads get stacks of this size, not the default (the stack limit,
-// 8 MiB here): glibc keeps up to 40 MiB of exited threads' stacks for reuse,
-// so with 8 MiB stacks a sweep of 6-8 rank threads per case mapped fresh
-// stacks for most threads of every case, and the page faults, the zeroing
-// of their TLS and the unmapping's TLB shootdowns took about half of the
-// unit suite's sweeps (reduce_binomial 7.0 -> 3.8 s). Ample for the ranks'
-// frames, ASan's redzones included.
-constexpr std::size_t kRankStackBytes = std::size_t{2} << 20;
+// The rank threads persist between run_ranks calls. A unit sweep runs
+// thousands of short cases of 1-8 rank threads each; starting and ending a
+// thread per rank and case cost more than the cases (on this 2-vCPU host,
+// whose shadow page tables make every fresh mapping slow): glibc keeps
+// only 40 MiB of exited threads' stacks, so most 8 MiB stacks were mapped
+// anew, their TLS zeroed and their unmapping shot down the TLBs, and under
+// AddressSanitizer each thread's own structures were mapped and unmapped
+// too. Held threads: reduce_binomial 7.0 -> 3.0 s, the unit suite 76 ->
+// 42 s, and 146 -> 97 s under AddressSanitizer.
+class RankPool {
+ public:
+  static RankPool& instance() {
+    // Never destroyed: the workers wait in it until the process exits.
+    static RankPool* pool = new RankPool;
+    return *pool;
+  }
 
-struct RankThread {
-  const std::function<void(detail::Transport&, int)>* fn;
-  detail::Transport* transport;
-  int rank;
+  // Runs job(0) .. job(n-1), each on its own thread, and returns when all
+  // have returned. Calls from a rank thread itself (a rank that starts
+  // ranks) would wait on their own pool, so they get threads of their own.
+  void run(int n, const std::function<void(int)>& job) {
+    if (t_in_pool) {
+      run_fresh(n, job);
+      return;
+    }
+    std::lock_guard one(run_mu_);
+    std::unique_lock lk(mu_);
+    while (workers_ < n) start_worker(workers_++);
+    job_ = &job;
+    want_ = n;
+    pending_ = n;
+    ++generation_;
+    work_cv_.notify_all();
+    done_cv_.wait(lk, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  RankPool() = default;
+
+  struct Start {
+    RankPool* pool;
+    int index;
+  };
+
+  static void* worker_main(void* arg) noexcept {
+    const Start s = *static_cast<Start*>(arg);
+    delete static_cast<Start*>(arg);
+    t_in_pool = true;
+    s.pool->serve(s.index);
+    return nullptr;
+  }
+
+  void serve(int index) {
+    std::uint64_t seen = 0;
+    std::unique_lock lk(mu_);
+    for (;;) {
+      work_cv_.wait(lk, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (index >= want_) continue;
+      const std::function<void(int)>* job = job_;
+      lk.unlock();
+      (*job)(index);
+      lk.lock();
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  void start_worker(int index) {
+    pthread_t th;
+    auto* s = new Start{this, index};
+    if (const int e = pthread_create(&th, nullptr, worker_main, s); e != 0) {
+      std::fprintf(stderr, "run_ranks: cannot start rank thread %d: %s\n", index, std::strerror(e));
+      std::abort();
+    }
+    pthread_detach(th);
+  }
+
+  static void run_fresh(int n, const std::function<void(int)>& job) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) threads.emplace_back([&job, r] { job(r); });
+    for (auto& t : threads) t.join();
+  }
+
+  static thread_local bool t_in_pool;
+  std::mutex run_mu_;  // one run at a time
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::uint64_t generation_ = 0;
+  int want_ = 0, pending_ = 0, workers_ = 0;
 };
 
-extern "C" void* rank_thread_main(void* arg) noexcept {
-  const auto* t = static_cast<const RankThread*>(arg);
-  (*t->fn)(*t->transport, t->rank);
-  return nullptr;
-}
+thread_local bool RankPool::t_in_pool = false;
 
 }  // namespace
 
 void run_ranks(int n, const std::function<void(detail::Transport&, int rank)>& fn) {
   auto fabric = std::make_shared<ThreadFabric>(n);
   std::vector<std::unique_ptr<ThreadTransport>> ts;
-  std::vector<RankThread> args;
-  for (int r = 0; r < n; ++r) {
-    ts.push_back(std::make_unique<ThreadTransport>(fabric, r));
-    args.push_back({&fn, ts.back().get(), r});
-  }
-  pthread_attr_t attr;
-  if (pthread_attr_init(&attr) != 0 || pthread_attr_setstacksize(&attr, kRankStackBytes) != 0) {
-    throw std::runtime_error("cannot set a rank thread's stack size");
-  }
-  std::vector<pthread_t> threads(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    const auto i = static_cast<std::size_t>(r);
-    if (const int e = pthread_create(&threads[i], &attr, rank_thread_main, &args[i]); e != 0) {
-      // The started ranks may wait on this one forever: nothing to join.
-      std::fprintf(stderr, "run_ranks: cannot start rank %d: %s\n", r, std::strerror(e));
-      std::abort();
-    }
-  }
-  pthread_attr_destroy(&attr);
-  for (pthread_t t : threads) pthread_join(t, nullptr);
+  for (int r = 0; r < n; ++r) ts.push_back(std::make_unique<ThreadTransport>(fabric, r));
+  RankPool::instance().run(n, [&](int r) { fn(*ts[static_cast<std::size_t>(r)], r); });
 }
 
 }  // namespace cclz::testing
