@@ -98,7 +98,7 @@ class Guarded {
  private:
   std::size_t bytes_;
   Memory memory_;
-  std::vector<std::byte> heap_;
+  std::unique_ptr<std::byte[]> heap_;
   std::byte* mem_ = nullptr;
 };
 
