@@ -1,5 +1,6 @@
 // The tests' own helpers (tests/support/coll_desc): the buffer hash that
-// the multi-rank suites compare outputs and send buffers with.
+// the multi-rank suites compare outputs and send buffers with, and
+// check_output, whose expected outputs of large cases are kept for reuse.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -37,6 +38,61 @@ TEST(HashBytes, EveryByteAndTheLengthCount) {
   }
   // Chaining: the seed changes the result.
   EXPECT_NE(hash_bytes(base.data(), 64, 1), hash_bytes(base.data(), 64, 2));
+}
+
+// check_output keeps large cases' expected outputs: a case that differs
+// from a checked one in any one field, or is checked on another rank, must
+// be checked against its own. Every variant's output, checked as every
+// other variant (twice: the second time from the kept outputs), gives the
+// count of wrong elements against the variant's own expected output,
+// computed afresh here.
+TEST(CheckOutput, LargeCasesAreCheckedAgainstTheirOwnExpectedOutput) {
+  const CollCase base{CollKind::reduce_scatter, DataType::f32, ReduceOp::sum, std::size_t{40} << 10, 0, 3};
+  struct Variant {
+    CollCase c;
+    int rank;
+  };
+  std::vector<Variant> vs = {{base, 0}, {base, 1}};
+  CollCase c = base;
+  c.op = ReduceOp::max;
+  vs.push_back({c, 0});
+  c = base;
+  c.dt = DataType::i32;
+  vs.push_back({c, 0});
+  c = base;
+  c.count += 1;
+  vs.push_back({c, 0});
+  c = base;
+  c.nranks = 4;
+  vs.push_back({c, 0});
+  c = base;
+  c.kind = CollKind::all_gather;
+  vs.push_back({c, 0});
+  c.kind = CollKind::broadcast;
+  c.root = 1;
+  vs.push_back({c, 0});
+  c.root = 2;
+  vs.push_back({c, 0});
+  std::vector<std::vector<std::byte>> outs;
+  for (const Variant& v : vs) {
+    std::vector<std::byte> out(buffer_counts(v.c, v.rank).recv * dtype_size(v.c.dt));
+    expected_output(v.c, v.rank, out.data());
+    outs.push_back(std::move(out));
+  }
+  int differing = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t i = 0; i < vs.size(); ++i) {
+      const std::size_t n = outs[i].size() / dtype_size(vs[i].c.dt);
+      for (std::size_t j = 0; j < vs.size(); ++j) {
+        if (outs[j].size() < outs[i].size()) continue;
+        const std::size_t want = count_wrong(outs[j].data(), outs[i].data(), n, vs[i].c.dt);
+        EXPECT_EQ(check_output(vs[i].c, vs[i].rank, outs[j].data()), want)
+            << "variant " << i << " checked against variant " << j << "'s output, round " << round;
+        if (want != 0) ++differing;
+      }
+    }
+  }
+  EXPECT_GE(differing, 2 * 20) << "too few variants differ for the test to tell kept outputs apart";
 }
 
 }  // namespace
