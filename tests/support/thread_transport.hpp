@@ -60,7 +60,9 @@ class ThreadFabric {
   int size_;
 };
 
-// Runs fn(transport, rank) on `n` threads over one fabric and joins them.
+// Runs fn(transport, rank) on `n` threads over one fabric and returns when
+// every one has returned. The threads are held for the next call: a rank's
+// thread_local state may outlive the call.
 void run_ranks(int n, const std::function<void(detail::Transport&, int rank)>& fn);
 
 // Whether the sweeps over group sizes 1-8 take this size. Under
