@@ -436,25 +436,28 @@ namespace {
 // the rest; the oldest entries go once the cache holds kMaxHeld bytes.
 class ExpectedCache {
  public:
-  using Bytes = std::shared_ptr<const std::vector<std::byte>>;
-
-  Bytes get(const CollCase& c, int rank, std::size_t bytes) {
-    if (bytes < kMinBytes) return compute(c, rank, bytes);
+  // The expected output of a case of at least kMinBytes, from the cache or
+  // computed and kept; nullptr for smaller ones, which are cheaper to
+  // compute again than to look up.
+  std::shared_ptr<const std::byte[]> get(const CollCase& c, int rank, std::size_t bytes) {
+    if (bytes < kMinBytes) return nullptr;
     {
       std::lock_guard lk(mu_);
       for (const Entry& e : entries_) {
-        if (same(e.c, c) && e.rank == rank) return e.bytes;
+        if (same(e.c, c) && e.rank == rank) return e.out;
       }
     }
-    Bytes b = compute(c, rank, bytes);
+    // Not value-initialised: expected_output writes every byte.
+    std::shared_ptr<std::byte[]> out = std::make_shared_for_overwrite<std::byte[]>(bytes);
+    expected_output(c, rank, out.get());
     std::lock_guard lk(mu_);
-    entries_.push_back({c, rank, b});
+    entries_.push_back({c, rank, out, bytes});
     held_ += bytes;
     while (held_ > kMaxHeld && entries_.size() > 1) {
-      held_ -= entries_.front().bytes->size();
+      held_ -= entries_.front().bytes;
       entries_.pop_front();
     }
-    return b;
+    return out;
   }
 
  private:
@@ -463,16 +466,12 @@ class ExpectedCache {
   struct Entry {
     CollCase c;
     int rank;
-    Bytes bytes;
+    std::shared_ptr<const std::byte[]> out;
+    std::size_t bytes;
   };
   static bool same(const CollCase& a, const CollCase& b) {
     return a.kind == b.kind && a.dt == b.dt && a.op == b.op && a.count == b.count && a.root == b.root &&
            a.nranks == b.nranks;
-  }
-  static Bytes compute(const CollCase& c, int rank, std::size_t bytes) {
-    auto v = std::make_shared<std::vector<std::byte>>(bytes);
-    expected_output(c, rank, v->data());
-    return v;
   }
   std::mutex mu_;
   std::deque<Entry> entries_;
@@ -486,8 +485,11 @@ std::size_t check_output(const CollCase& c, int rank, const void* recvbuf) {
   const std::size_t n = buffer_counts(c, rank).recv;
   if (n == 0) return 0;
   static ExpectedCache* cache = new ExpectedCache;  // never destroyed: rank threads may outlive statics
-  const ExpectedCache::Bytes want = cache->get(c, rank, n * dtype_size(c.dt));
-  return count_wrong(recvbuf, want->data(), n, c.dt);
+  const std::size_t bytes = n * dtype_size(c.dt);
+  if (const auto kept = cache->get(c, rank, bytes)) return count_wrong(recvbuf, kept.get(), n, c.dt);
+  auto want = std::make_unique_for_overwrite<std::byte[]>(bytes);
+  expected_output(c, rank, want.get());
+  return count_wrong(recvbuf, want.get(), n, c.dt);
 }
 
 std::uint16_t to_f16_bits(float f) noexcept {
