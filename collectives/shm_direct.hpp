@@ -21,9 +21,10 @@
 //     go through cross-memory attach instead (process_vm_readv/writev on
 //     the peers' own addresses): each rank offers it for calls of
 //     cma_min_bytes() and more while cma_out_of_place() (the all-reduce in
-//     place at any size), rank 0 from 512 KiB only while it measures it
-//     the faster way (HeapPath below), when the others offer it at any
-//     size; if every rank offers it, a first call reads
+//     place at any size), rank 0 from cma_measured_min_bytes() only
+//     while it measures it the faster way (HeapPath below), when the
+//     others offer it at any size; if every rank offers it, a first call
+//     reads
 //     a byte of each peer's buffer and the ranks confirm in one hand-off
 //     (a kernel that refuses ends this rank's offers for good).
 // The collective then runs on the peers' buffers and ends with fence(): a
@@ -242,13 +243,24 @@ class DirectHistory {
 // scheduler's more than the way's (4 ranks on the 2 cores: the same 16 KB
 // call took 9-156 us from run to run), and measured choices ran 2-17%
 // slower at 16 MB than the kernel's way alone: there every call that can
-// goes through cross-memory attach, as with CCLZ_SHM_CMA=1. So do calls
-// under kCmaMeasuredMinBytes: below 512 KiB the kernel's way won or tied
-// in every state measured, and timing the calls cost them 9-16% at 64-256
-// KiB (8 interleaved rounds, 2 bound ranks: the staged calls it tries, the
-// choices noise misleads), against 7-52% gained from 1 MiB.
+// goes through cross-memory attach, as with CCLZ_SHM_CMA=1.
 enum class HeapPath : int { cma = 0, staged = 1 };
-constexpr std::uint64_t kCmaMeasuredMinBytes = std::uint64_t{512} << 10;
+// Below cma_measured_min_bytes() the kernel's way is taken unmeasured,
+// from cma_min_bytes() up. The all-to-all, all-gather, reduce-scatter and
+// broadcast are measured from that floor: on the AMD test host, once the
+// slots' first writes were paid at setup (touch_pages), their staged calls
+// won below 512 KiB too, and measuring never cost more than the noise (2
+// bound ranks, 12-15 interleaved rounds, -n 100: all-to-all of 64 KB 8.7
+// -> 5.4 us, broadcast of 128 KB 13.7 -> 8.0, all-gather 10.9 -> 7.9,
+// reduce-scatter in place 11.6 -> 7.3; docs/performance.md). The
+// all-reduce and reduce keep 512 KiB: at 128-256 KiB the kernel's way can
+// beat their staged calls by 1.4x, and a call of 20-40 us is short enough
+// that the host's disturbances of a few milliseconds mislead the chooser
+// for dozens of calls (the all-reduce of 256 KB out of place took 1.3-1.5x
+// as long measured), more than the 32-64 KiB calls measuring gained.
+constexpr std::uint64_t cma_measured_min_bytes(CollKind kind) noexcept {
+  return kind == CollKind::all_reduce || kind == CollKind::reduce ? std::uint64_t{512} << 10 : 0;
+}
 
 // Rank 0's chooser, kept in its window.
 using HeapPathChooser = MeasuredChoice<HeapPath>;
@@ -329,7 +341,8 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   const auto sig = call_sig(g, a, a.count);
   bool offer_cma = cma_possible && allow_cma;
   // Rank 0, CCLZ_SHM_CMA=auto, a core per rank:
-  HeapPathTiming* timing = offer_cma && bytes >= kCmaMeasuredMinBytes ? g.heap_path_timing() : nullptr;
+  const bool measurable = bytes >= cma_measured_min_bytes(a.kind);
+  HeapPathTiming* timing = offer_cma && measurable ? g.heap_path_timing() : nullptr;
   HeapPathChooser* chooser = nullptr;
   std::uint32_t band = 0;
   if (timing != nullptr) {
@@ -344,7 +357,7 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   // attach not knowing whether rank 0 does; a call that then goes staged
   // would copy their own block again, so they copy it after the agreement.
   std::function<void()> while_waiting;
-  if (g.rank() == 0 || !w.cma_measured() || bytes < kCmaMeasuredMinBytes) {
+  if (g.rank() == 0 || !w.cma_measured() || !measurable) {
     while_waiting = [&] {
       own(0);
       first_half_done = true;

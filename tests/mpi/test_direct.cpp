@@ -309,7 +309,7 @@ TEST(Cma, HeapBuffersBitExact) {
 }
 
 // Heap buffers on every rank with CCLZ_SHM_CMA=auto: rank 0 times each
-// band's calls from kCmaMeasuredMinBytes, the kernel's way first, and every
+// band's calls from cma_measured_min_bytes(), the kernel's way first, and every
 // rank runs the way it offered. Six calls of one band: the first kMin through cross-memory
 // attach, the next kMin staged (the chooser's warm-up), the rest as rank 0
 // measured; every call bitwise against the reference and the same on every
@@ -330,22 +330,26 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
   static_assert(kCalls >= 2 * kMin + 1);
   std::vector<std::uint64_t> hashes;
   // From 1 MiB: eligible with more ranks than cores too (cma_min_bytes).
-  // 256 KiB: under kCmaMeasuredMinBytes, always the kernel's way where
-  // eligible.
+  // 256 KiB: eligible only with a core per rank; under the all-reduce's
+  // and reduce's cma_measured_min_bytes (always the kernel's way), measured
+  // for the others.
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 3u << 20},
                           {DataType::bf16, ReduceOp::sum, 1536u << 10},
                           {DataType::f32, ReduceOp::sum, 24u << 20},
                           {DataType::f32, ReduceOp::sum, 256u << 10}};
-  for (CollKind kind : {CollKind::all_reduce, CollKind::all_to_all, CollKind::reduce_scatter}) {
+  for (CollKind kind : {CollKind::all_reduce, CollKind::all_to_all, CollKind::reduce_scatter, CollKind::all_gather,
+                        CollKind::broadcast, CollKind::reduce}) {
     for (const Shape& s : shapes) {
       for (bool in_place : {false, true}) {
         if (in_place && !testing::coll_info(kind).has_in_place) continue;
         const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
         CollCase cc{kind, s.dt, s.op, count, 0, n};
-        const bool small = s.bytes < coll::shm::kCmaMeasuredMinBytes;
+        // The policy stated here, not read from the library: under 512 KiB
+        // only the all-reduce and reduce go unmeasured.
+        const bool small = s.bytes < (512u << 10) && (kind == CollKind::all_reduce || kind == CollKind::reduce);
         if (!cma_eligible(*c, cc, in_place)) {
-          // More ranks than cores (small), or past the node's cap unmeasured.
-          ASSERT_TRUE(small || !measured) << testing::coll_info(kind).name;
+          // More ranks than cores (256 KiB), or past the node's cap unmeasured.
+          ASSERT_FALSE(measured) << testing::coll_info(kind).name;
           continue;
         }
         const std::uint64_t before = c->impl()->direct_calls();
