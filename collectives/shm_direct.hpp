@@ -250,9 +250,9 @@ enum class HeapPath : int { cma = 0, staged = 1 };
 // broadcast are measured from that floor: on the AMD test host, once the
 // slots' first writes were paid at setup (touch_pages), their staged calls
 // won below 512 KiB too, and measuring never cost more than the noise (2
-// bound ranks, 12-15 interleaved rounds, -n 100: all-to-all of 64 KB 8.7
-// -> 5.4 us, broadcast of 128 KB 13.7 -> 8.0, all-gather 10.9 -> 7.9,
-// reduce-scatter in place 11.6 -> 7.3; docs/performance.md). The
+// bound ranks, 15 interleaved rounds, -n 100: all-to-all of 64 KB 9.7 ->
+// 5.6 us, broadcast of 128 KB 16.3 -> 7.6, all-gather 12.3 -> 8.7,
+// reduce-scatter in place 14.0 -> 8.4; docs/performance.md). The
 // all-reduce and reduce keep 512 KiB: at 128-256 KiB the kernel's way can
 // beat their staged calls by 1.4x, and a call of 20-40 us is short enough
 // that the host's disturbances of a few milliseconds mislead the chooser
