@@ -361,8 +361,8 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
           if (k == kMin - 1) through_kernel_first = c->impl()->direct_calls() - before;
         }
         const std::uint64_t direct = c->impl()->direct_calls() - before;
-        const std::string what = std::string(testing::coll_info(kind).name) + " " + dtype_name(s.dt) +
-                                 (in_place ? " in place" : " out of place");
+        const std::string what = std::string(testing::coll_info(kind).name) + " " + dtype_name(s.dt) + " " +
+                                 std::to_string(s.bytes >> 10) + " KiB" + (in_place ? " in place" : " out of place");
         if (!measured || small) {
           EXPECT_EQ(direct, std::uint64_t{kCalls}) << rank_tag() << ": " << what << ": not measured";
           continue;
