@@ -24,9 +24,8 @@
 //     place at any size), rank 0 from cma_measured_min_bytes() only
 //     while it measures it the faster way (HeapPath below), when the
 //     others offer it at any size; if every rank offers it, a first call
-//     reads
-//     a byte of each peer's buffer and the ranks confirm in one hand-off
-//     (a kernel that refuses ends this rank's offers for good).
+//     reads a byte of each peer's buffer and the ranks confirm in one
+//     hand-off (a kernel that refuses ends this rank's offers for good).
 // The collective then runs on the peers' buffers and ends with fence(): a
 // rank returns only after every peer is done with its buffers, since the
 // caller may reuse them at once.

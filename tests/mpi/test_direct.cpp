@@ -340,6 +340,11 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
   for (CollKind kind : {CollKind::all_reduce, CollKind::all_to_all, CollKind::reduce_scatter, CollKind::all_gather,
                         CollKind::broadcast, CollKind::reduce}) {
     for (const Shape& s : shapes) {
+      // The all-gather, broadcast and reduce at 256 KiB only, where the
+      // floors differ by collective (the sanitizer jobs' time).
+      const bool first_three = kind == CollKind::all_reduce || kind == CollKind::all_to_all ||
+                               kind == CollKind::reduce_scatter;
+      if (!first_three && s.bytes != (256u << 10)) continue;
       for (bool in_place : {false, true}) {
         if (in_place && !testing::coll_info(kind).has_in_place) continue;
         const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
