@@ -84,11 +84,14 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 // kernel per byte that crosses, against two through a slot. Below it the
 // staged path is as fast or faster: with a rank per core, interleaved
 // against it at 32-256 KiB in steps of 32 (docs/performance.md, "Cross-
-// memory attach from 32-128 KiB"), the all-reduce was faster from 32 KiB,
-// the all-to-all from 64 KiB, the all-gather, reduce-scatter and broadcast
-// from 96-128 KiB (the reduce-scatter and broadcast in place slower at 64
-// KiB); the reduce, whose share owners write to the root, from 64 KiB
-// (its floor to ask; 4 ranks on 2 cores: from 1-2 MiB).
+// memory attach from 32-128 KiB"), the all-to-all was faster from 64 KiB,
+// the all-gather, reduce-scatter and broadcast from 96-128 KiB (the
+// reduce-scatter and broadcast in place slower at 64 KiB). The all-reduce
+// and reduce were faster from 32 and 64 KiB then, but once the slots'
+// first writes were paid at setup (touch_pages) the staged calls won up to
+// 96 KiB and were level at 128 (AMD host: all-reduce of 32 KiB 6.8 against
+// 15.1 us, 64 KiB 13.0 against 17.0; "The all-reduce and reduce staged
+// under 128 KiB").
 // Where the node's ranks outnumber its cores, each of a direct call's three
 // hand-offs may wait for the scheduler, and the staged path stays faster up
 // to larger calls (4 ranks on 2 cores, interleaved against it: all-to-all
@@ -99,9 +102,7 @@ constexpr std::uint64_t kCmaNever = ~std::uint64_t{0};
 constexpr std::uint64_t cma_min_bytes(CollKind kind, bool oversubscribed) noexcept {
   if (!oversubscribed) {
     switch (kind) {
-      case CollKind::all_reduce: return std::uint64_t{32} << 10;
-      case CollKind::all_to_all:
-      case CollKind::reduce: return std::uint64_t{64} << 10;
+      case CollKind::all_to_all: return std::uint64_t{64} << 10;
       default: return std::uint64_t{128} << 10;
     }
   }

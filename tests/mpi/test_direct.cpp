@@ -313,7 +313,8 @@ TEST(Cma, HeapBuffersBitExact) {
 // rank runs the way it offered. Six calls of one band: the first kMin through cross-memory
 // attach, the next kMin staged (the chooser's warm-up), the rest as rank 0
 // measured; every call bitwise against the reference and the same on every
-// rank. With the node's first rank at 1 (mpi-cma-first-1-others-auto), or
+// rank. The all-reduce and reduce under 128 KiB stay staged on every call.
+// With the node's first rank at 1 (mpi-cma-first-1-others-auto), or
 // more ranks than cores (no measured choice then), all six go through
 // cross-memory attach on every rank, except the 24 MiB calls out of place,
 // whose node's buffers pass kCmaMaxNodeBytes: those are measured only where
@@ -332,27 +333,33 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
   // From 1 MiB: eligible with more ranks than cores too (cma_min_bytes).
   // 256 KiB: eligible only with a core per rank; under the all-reduce's
   // and reduce's cma_measured_min_bytes (always the kernel's way), measured
-  // for the others.
+  // for the others. 64 KiB: under the all-reduce's and reduce's
+  // cma_min_bytes (always staged).
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 3u << 20},
                           {DataType::bf16, ReduceOp::sum, 1536u << 10},
                           {DataType::f32, ReduceOp::sum, 24u << 20},
-                          {DataType::f32, ReduceOp::sum, 256u << 10}};
+                          {DataType::f32, ReduceOp::sum, 256u << 10},
+                          {DataType::f32, ReduceOp::sum, 64u << 10}};
   for (CollKind kind : {CollKind::all_reduce, CollKind::all_to_all, CollKind::reduce_scatter, CollKind::all_gather,
                         CollKind::broadcast, CollKind::reduce}) {
+    const bool reduction = kind == CollKind::all_reduce || kind == CollKind::reduce;
+    // Every shape for the all-reduce, all-to-all and reduce-scatter; the
+    // others at 256 KiB only, where the floors differ by collective (the
+    // sanitizer jobs' time); 64 KiB for the all-reduce and reduce only.
+    const bool every_size = kind == CollKind::all_reduce || kind == CollKind::all_to_all ||
+                            kind == CollKind::reduce_scatter;
     for (const Shape& s : shapes) {
-      // The all-gather, broadcast and reduce at 256 KiB only, where the
-      // floors differ by collective (the sanitizer jobs' time).
-      const bool first_three = kind == CollKind::all_reduce || kind == CollKind::all_to_all ||
-                               kind == CollKind::reduce_scatter;
-      if (!first_three && s.bytes != (256u << 10)) continue;
+      if (s.bytes == (64u << 10) ? !reduction : !every_size && s.bytes != (256u << 10)) continue;
       for (bool in_place : {false, true}) {
         if (in_place && !testing::coll_info(kind).has_in_place) continue;
         const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
         CollCase cc{kind, s.dt, s.op, count, 0, n};
-        // The policy stated here, not read from the library: under 512 KiB
-        // only the all-reduce and reduce go unmeasured.
-        const bool small = s.bytes < (512u << 10) && (kind == CollKind::all_reduce || kind == CollKind::reduce);
-        if (!cma_eligible(*c, cc, in_place)) {
+        // The policy stated here, not read from the library: the all-reduce
+        // and reduce stay staged under 128 KiB and go unmeasured under 512
+        // KiB; the others are measured from their floors.
+        const bool staged = reduction && s.bytes < (128u << 10);
+        const bool small = reduction && s.bytes < (512u << 10);
+        if (!staged && !cma_eligible(*c, cc, in_place)) {
           // More ranks than cores (256 KiB), or past the node's cap unmeasured.
           ASSERT_FALSE(measured) << testing::coll_info(kind).name;
           continue;
@@ -368,6 +375,10 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
         const std::uint64_t direct = c->impl()->direct_calls() - before;
         const std::string what = std::string(testing::coll_info(kind).name) + " " + dtype_name(s.dt) + " " +
                                  std::to_string(s.bytes >> 10) + " KiB" + (in_place ? " in place" : " out of place");
+        if (staged) {
+          EXPECT_EQ(direct, 0u) << rank_tag() << ": " << what << ": under the kernel's floor";
+          continue;
+        }
         if (!measured || small) {
           EXPECT_EQ(direct, std::uint64_t{kCalls}) << rank_tag() << ": " << what << ": not measured";
           continue;
