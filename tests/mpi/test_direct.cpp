@@ -349,7 +349,7 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
     const bool every_size = kind == CollKind::all_reduce || kind == CollKind::all_to_all ||
                             kind == CollKind::reduce_scatter;
     for (const Shape& s : shapes) {
-      if (s.bytes == (64u << 10) ? !reduction : !every_size && s.bytes != (256u << 10)) continue;
+      if (s.bytes == (64u << 10) ? !reduction : (!every_size && s.bytes != (256u << 10))) continue;
       for (bool in_place : {false, true}) {
         if (in_place && !testing::coll_info(kind).has_in_place) continue;
         const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
