@@ -21,7 +21,7 @@
 //     go through cross-memory attach instead (process_vm_readv/writev on
 //     the peers' own addresses): each rank offers it for calls of
 //     cma_min_bytes() and more while cma_out_of_place() (the all-reduce in
-//     place at any size), rank 0 from cma_measured_min_bytes() only
+//     place at any size), rank 0 from kCmaMeasuredMinBytes only
 //     while it measures it the faster way (HeapPath below), when the
 //     others offer it at any size; if every rank offers it, a first call
 //     reads a byte of each peer's buffer and the ranks confirm in one
@@ -82,16 +82,17 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 // cannot be mapped by every rank (heap memory of processes) go through
 // cross-memory attach, for the collectives that support it: one copy in the
 // kernel per byte that crosses, against two through a slot. Below it the
-// staged path is as fast or faster: with a rank per core, interleaved
-// against it at 32-256 KiB in steps of 32 (docs/performance.md, "Cross-
-// memory attach from 32-128 KiB"), the all-to-all was faster from 64 KiB,
-// the all-gather, reduce-scatter and broadcast from 96-128 KiB (the
-// reduce-scatter and broadcast in place slower at 64 KiB). The all-reduce
-// and reduce were faster from 32 and 64 KiB then, but once the slots'
-// first writes were paid at setup (touch_pages) the staged calls won up to
-// 96 KiB and were level at 128 (AMD host: all-reduce of 32 KiB 6.8 against
-// 15.1 us, 64 KiB 13.0 against 17.0; "The all-reduce and reduce staged
-// under 128 KiB").
+// staged path is as fast or faster. With a rank per core the floors were
+// first set at 32-128 KiB (docs/performance.md, "Cross-memory attach from
+// 32-128 KiB"), when staged calls still paid for their slots' first
+// writes. Once those were paid at setup (touch_pages), the staged calls
+// won below 512 KiB for the all-gather, all-to-all, broadcast and
+// reduce-scatter (128 and 256 KiB: 1.1-2.3x faster than through the
+// kernel, 1.05-1.4x faster than measuring the way), and below 128 KiB for
+// the all-reduce and reduce, which the kernel's way beats from 128-256 KiB
+// (AMD host: all-reduce of 32 KiB 6.8 against 15.1 us, 256 KiB 40.1
+// against 36.1; "The all-reduce and reduce staged under 128 KiB",
+// "Every heap call under 512 KiB staged but the reductions'").
 // Where the node's ranks outnumber its cores, each of a direct call's three
 // hand-offs may wait for the scheduler, and the staged path stays faster up
 // to larger calls (4 ranks on 2 cores, interleaved against it: all-to-all
@@ -102,8 +103,9 @@ constexpr std::uint64_t kCmaNever = ~std::uint64_t{0};
 constexpr std::uint64_t cma_min_bytes(CollKind kind, bool oversubscribed) noexcept {
   if (!oversubscribed) {
     switch (kind) {
-      case CollKind::all_to_all: return std::uint64_t{64} << 10;
-      default: return std::uint64_t{128} << 10;
+      case CollKind::all_reduce:
+      case CollKind::reduce: return std::uint64_t{128} << 10;
+      default: return std::uint64_t{512} << 10;
     }
   }
   switch (kind) {
@@ -245,22 +247,14 @@ class DirectHistory {
 // slower at 16 MB than the kernel's way alone: there every call that can
 // goes through cross-memory attach, as with CCLZ_SHM_CMA=1.
 enum class HeapPath : int { cma = 0, staged = 1 };
-// Below cma_measured_min_bytes() the kernel's way is taken unmeasured,
-// from cma_min_bytes() up. The all-to-all, all-gather, reduce-scatter and
-// broadcast are measured from that floor: on the AMD test host, once the
-// slots' first writes were paid at setup (touch_pages), their staged calls
-// won below 512 KiB too, and measuring never cost more than the noise (2
-// bound ranks, 15 interleaved rounds, -n 100: all-to-all of 64 KB 9.7 ->
-// 5.6 us, broadcast of 128 KB 16.3 -> 7.6, all-gather 12.3 -> 8.7,
-// reduce-scatter in place 14.0 -> 8.4; docs/performance.md). The
-// all-reduce and reduce keep 512 KiB: at 128-256 KiB the kernel's way can
-// beat their staged calls by 1.4x, and a call of 20-40 us is short enough
-// that the host's disturbances of a few milliseconds mislead the chooser
-// for dozens of calls (the all-reduce of 256 KB out of place took 1.3-1.5x
-// as long measured), more than the 32-64 KiB calls measuring gained.
-constexpr std::uint64_t cma_measured_min_bytes(CollKind kind) noexcept {
-  return kind == CollKind::all_reduce || kind == CollKind::reduce ? std::uint64_t{512} << 10 : 0;
-}
+// Below kCmaMeasuredMinBytes the kernel's way is taken unmeasured, from
+// cma_min_bytes() up: the all-reduce and reduce of 128-512 KiB. There the
+// kernel's way can beat the staged calls by 1.4x, but after a stretch of
+// staged calls it takes 5-10 calls to come back to speed (on the AMD test
+// host, 4x slow at first), longer than a trial, so measuring kept the
+// slower way for dozens of calls (the all-reduce of 256 KB out of place
+// took 1.2-1.5x as long measured; docs/performance.md).
+constexpr std::uint64_t kCmaMeasuredMinBytes = std::uint64_t{512} << 10;
 
 // Rank 0's chooser, kept in its window.
 using HeapPathChooser = MeasuredChoice<HeapPath>;
@@ -341,7 +335,7 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   const auto sig = call_sig(g, a, a.count);
   bool offer_cma = cma_possible && allow_cma;
   // Rank 0, CCLZ_SHM_CMA=auto, a core per rank:
-  const bool measurable = bytes >= cma_measured_min_bytes(a.kind);
+  const bool measurable = bytes >= kCmaMeasuredMinBytes;
   HeapPathTiming* timing = offer_cma && measurable ? g.heap_path_timing() : nullptr;
   HeapPathChooser* chooser = nullptr;
   std::uint32_t band = 0;

@@ -309,11 +309,11 @@ TEST(Cma, HeapBuffersBitExact) {
 }
 
 // Heap buffers on every rank with CCLZ_SHM_CMA=auto: rank 0 times each
-// band's calls from cma_measured_min_bytes(), the kernel's way first, and every
+// band's calls from kCmaMeasuredMinBytes, the kernel's way first, and every
 // rank runs the way it offered. Six calls of one band: the first kMin through cross-memory
 // attach, the next kMin staged (the chooser's warm-up), the rest as rank 0
 // measured; every call bitwise against the reference and the same on every
-// rank. The all-reduce and reduce under 128 KiB stay staged on every call.
+// rank. Under cma_min_bytes() every call stays staged.
 // With the node's first rank at 1 (mpi-cma-first-1-others-auto), or
 // more ranks than cores (no measured choice then), all six go through
 // cross-memory attach on every rank, except the 24 MiB calls out of place,
@@ -331,10 +331,8 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
   static_assert(kCalls >= 2 * kMin + 1);
   std::vector<std::uint64_t> hashes;
   // From 1 MiB: eligible with more ranks than cores too (cma_min_bytes).
-  // 256 KiB: eligible only with a core per rank; under the all-reduce's
-  // and reduce's cma_measured_min_bytes (always the kernel's way), measured
-  // for the others. 64 KiB: under the all-reduce's and reduce's
-  // cma_min_bytes (always staged).
+  // 256 KiB: the all-reduce and reduce through the kernel unmeasured with a
+  // core per rank, the others staged. 64 KiB: staged.
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 3u << 20},
                           {DataType::bf16, ReduceOp::sum, 1536u << 10},
                           {DataType::f32, ReduceOp::sum, 24u << 20},
@@ -344,23 +342,28 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
                         CollKind::broadcast, CollKind::reduce}) {
     const bool reduction = kind == CollKind::all_reduce || kind == CollKind::reduce;
     // Every shape for the all-reduce, all-to-all and reduce-scatter; the
-    // others at 256 KiB only, where the floors differ by collective (the
+    // all-gather, broadcast and reduce at 1536 and 256 KiB only (the
     // sanitizer jobs' time); 64 KiB for the all-reduce and reduce only.
     const bool every_size = kind == CollKind::all_reduce || kind == CollKind::all_to_all ||
                             kind == CollKind::reduce_scatter;
     for (const Shape& s : shapes) {
-      if (s.bytes == (64u << 10) ? !reduction : (!every_size && s.bytes != (256u << 10))) continue;
+      const bool wanted = s.bytes == (64u << 10)
+                              ? reduction
+                              : every_size || s.bytes == (1536u << 10) || s.bytes == (256u << 10);
+      if (!wanted) continue;
       for (bool in_place : {false, true}) {
         if (in_place && !testing::coll_info(kind).has_in_place) continue;
         const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
         CollCase cc{kind, s.dt, s.op, count, 0, n};
-        // The policy stated here, not read from the library: the all-reduce
-        // and reduce stay staged under 128 KiB and go unmeasured under 512
-        // KiB; the others are measured from their floors.
-        const bool staged = reduction && s.bytes < (128u << 10);
+        // The policy stated here, not read from the library: with a core
+        // per rank, heap calls stay staged under 128 KiB (the all-reduce and
+        // reduce) or 512 KiB (the others), the all-reduce and reduce go
+        // through the kernel unmeasured from 128 to 512 KiB, and every call
+        // is measured from 512 KiB. (More ranks than cores: higher floors.)
+        const bool staged = s.bytes < (reduction ? (128u << 10) : (512u << 10));
         const bool small = reduction && s.bytes < (512u << 10);
         if (!staged && !cma_eligible(*c, cc, in_place)) {
-          // More ranks than cores (256 KiB), or past the node's cap unmeasured.
+          // More ranks than cores (256 KiB, 1536 KiB), or past the node's cap unmeasured.
           ASSERT_FALSE(measured) << testing::coll_info(kind).name;
           continue;
         }
@@ -527,7 +530,7 @@ TEST(Cma, ShortRootBufferIsAClearError) {
 // mem_alloc buffers go direct every time; one heap rank sends everyone
 // staged, and the next calls stop asking. Every call is checked bitwise.
 // A reduce-scatter of 96 KiB: in the band (from 64 KiB) and below where heap
-// buffers go through cross-memory attach instead (128 KiB and up).
+// buffers go through cross-memory attach instead (512 KiB and up).
 TEST(DirectProbe, BelowThresholdAsksWhileTaken) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
