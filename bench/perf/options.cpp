@@ -93,7 +93,10 @@ Options (as nccl-tests unless marked cclz):
                           bfloat16, int8, ...); all = every type (default f32);
                           cclz: a comma-separated list, e.g. f32,bf16,f16
   -o, --op OP|all         sum prod max min avg; all = every op (default sum);
-                          cclz: a comma-separated list too
+                          cclz: a comma-separated list too. With several
+                          types or ops, each size is measured for all of
+                          them before the next size (nccl-tests sweeps each
+                          type's sizes in turn)
   -r, --root R            root of broadcast and reduce (default 0)
   -A, --algorithm NAME    cclz: force an algorithm (e.g. ring); "all" runs every
                           registered algorithm for the collective (all of them
@@ -276,9 +279,9 @@ std::vector<Point> sweep_points(const Options& o) {
   const bool reduces = testing::coll_info(o.kind).reduces;
   const std::vector<ReduceOp> sum_only{ReduceOp::sum};
   std::vector<Point> points;
-  for (DataType dt : o.dtypes) {
-    for (ReduceOp op : reduces ? o.ops : sum_only) {
-      for (std::size_t bytes : sweep_sizes(o)) points.push_back({dt, op, bytes});
+  for (std::size_t bytes : sweep_sizes(o)) {
+    for (DataType dt : o.dtypes) {
+      for (ReduceOp op : reduces ? o.ops : sum_only) points.push_back({dt, op, bytes});
     }
   }
   return points;

@@ -66,8 +66,12 @@ bool parse_bytes(const std::string& s, std::size_t* out);
 // The sizes a sweep visits, in bytes, as nccl-tests does.
 std::vector<std::size_t> sweep_sizes(const Options& o);
 
-// One row of a sweep: every dtype, then every op (sum only for collectives
-// that do not reduce), then every size, in the order tables print them.
+// One row of a sweep, in the order they are measured and printed: every
+// size, and at each size every dtype, then every op (sum only for
+// collectives that do not reduce). Types and ops are compared at one size
+// within seconds of each other, so that a change in the host during a run
+// (this project's test host moves its vCPUs within minutes) falls on all of
+// them alike rather than on whole tables, as -A all does for algorithms.
 struct Point {
   DataType dt;
   ReduceOp op;

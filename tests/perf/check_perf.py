@@ -76,6 +76,16 @@ def check_sweep(tmp, coll, ranks):
                 fail(f"{coll} on {ranks} ranks, {t} {o}: sizes {got}, want 0, 1000, 2000, 3000 (or each rounded down)")
     if len(rows) != 8 * len(ops):
         fail(f"{coll} on {ranks} ranks: {len(rows)} rows, want {8 * len(ops)}")
+    # Every type and op at one size before the next size, in the order given
+    # (each size rounded down to its type's whole elements per rank).
+    want = [(t, o) for t in ("f32", "bf16") for o in ops]
+    for i in range(0, len(rows), len(want)):
+        at = rows[i:i + len(want)]
+        sizes = [int(r["bytes"]) for r in at]
+        if [(r["type"], r["redop"]) for r in at] != want or max(sizes) - min(sizes) >= quantum:
+            fail(f"{coll} on {ranks} ranks: rows {i}-{i + len(want) - 1} are "
+                 f"{[(r['type'], r['redop'], r['bytes']) for r in at]}, want {want} at one size")
+            break
     for r in rows:
         where = f"{coll} on {ranks} ranks, {r['type']} {r['redop']} {r['bytes']} B"
         if r["oop_wrong"] != "0":
