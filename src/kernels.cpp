@@ -771,16 +771,19 @@ CCLZ_TARGET_V4 CCLZ_INLINE void fold_bf16_step(u16_u* d, u16_u* c, const u16_u* 
   if constexpr (kCopy) store_b32(c + j, r, m);
 }
 
-template <class Op, bool kCopy>
-CCLZ_TARGET_V4 void fold_bf16_512(void* dst, void* copy, const void* const* srcs, std::size_t k,
-                                  std::size_t n) noexcept {
+// The loop around a fold step of k 16-bit sources, Step(d, c, s, k, j,
+// mask), 32 elements each: whole steps with the constant kFull32, then one
+// masked tail.
+template <auto Step>
+CCLZ_TARGET_V4 void fold_u16_512(void* dst, void* copy, const void* const* srcs, std::size_t k,
+                                 std::size_t n) noexcept {
   const u16_u* s[kFoldMax];
   for (std::size_t t = 0; t < k; ++t) s[t] = static_cast<const u16_u*>(srcs[t]);
   u16_u* d = static_cast<u16_u*>(dst);
   u16_u* c = static_cast<u16_u*>(copy);
   std::size_t j = 0;
-  for (; j + 32 <= n; j += 32) fold_bf16_step<Op, kCopy>(d, c, s, k, j, kFull32);
-  if (j < n) fold_bf16_step<Op, kCopy>(d, c, s, k, j, mask32(n - j));
+  for (; j + 32 <= n; j += 32) Step(d, c, s, k, j, kFull32);
+  if (j < n) Step(d, c, s, k, j, mask32(n - j));
 }
 
 // k f16 sources folded in registers as bf16 above, 32 elements (two
@@ -790,7 +793,8 @@ CCLZ_TARGET_V4 void fold_bf16_512(void* dst, void* copy, const void* const* srcs
 // are mostly peers' slots, 0.88-0.90x its time at 256 KB-2 MB.
 template <class Op, bool kCopy>
 CCLZ_TARGET_V4 CCLZ_INLINE void fold_f16_step(u16_u* d, u16_u* c, const u16_u* const* s, std::size_t k,
-                                              std::size_t j, __mmask16 lo, __mmask16 hi) noexcept {
+                                              std::size_t j, __mmask32 m) noexcept {
+  const auto lo = static_cast<__mmask16>(m), hi = static_cast<__mmask16>(m >> 16);
   __m512 a = vop512<Op>(load_h16(s[0] + j, lo), load_h16(s[1] + j, lo));
   __m512 b = vop512<Op>(load_h16(s[0] + j + 16, hi), load_h16(s[1] + j + 16, hi));
   for (std::size_t t = 2; t < k; ++t) {
@@ -804,21 +808,6 @@ CCLZ_TARGET_V4 CCLZ_INLINE void fold_f16_step(u16_u* d, u16_u* c, const u16_u* c
   if constexpr (kCopy) {
     _mm256_mask_storeu_epi16(c + j, lo, ra);
     _mm256_mask_storeu_epi16(c + j + 16, hi, rb);
-  }
-}
-
-template <class Op, bool kCopy>
-CCLZ_TARGET_V4 void fold_f16_512(void* dst, void* copy, const void* const* srcs, std::size_t k,
-                                 std::size_t n) noexcept {
-  const u16_u* s[kFoldMax];
-  for (std::size_t t = 0; t < k; ++t) s[t] = static_cast<const u16_u*>(srcs[t]);
-  u16_u* d = static_cast<u16_u*>(dst);
-  u16_u* c = static_cast<u16_u*>(copy);
-  std::size_t j = 0;
-  for (; j + 32 <= n; j += 32) fold_f16_step<Op, kCopy>(d, c, s, k, j, kFull16, kFull16);
-  if (j < n) {
-    const std::size_t left = n - j;
-    fold_f16_step<Op, kCopy>(d, c, s, k, j, left >= 16 ? kFull16 : mask16(left), left > 16 ? mask16(left - 16) : 0);
   }
 }
 
@@ -1126,8 +1115,8 @@ struct hw512_f16 {
   CCLZ_TARGET_V4 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
                                   std::size_t n) noexcept {
     if (k > kFoldMax) return many_blocks_v4<hw512_f16, float, Op>(dst, copy, srcs, k, n);
-    if (copy != nullptr) return fold_f16_512<Op, true>(dst, copy, srcs, k, n);
-    fold_f16_512<Op, false>(dst, copy, srcs, k, n);
+    if (copy != nullptr) return fold_u16_512<fold_f16_step<Op, true>>(dst, copy, srcs, k, n);
+    fold_u16_512<fold_f16_step<Op, false>>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
   CCLZ_TARGET_V4 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
@@ -1196,8 +1185,8 @@ struct hw512_bf16 {
   CCLZ_TARGET_V4 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
                                   std::size_t n) noexcept {
     if (k > kFoldMax) return many_blocks_v4<hw512_bf16, float, Op>(dst, copy, srcs, k, n);
-    if (copy != nullptr) return fold_bf16_512<Op, true>(dst, copy, srcs, k, n);
-    fold_bf16_512<Op, false>(dst, copy, srcs, k, n);
+    if (copy != nullptr) return fold_u16_512<fold_bf16_step<Op, true>>(dst, copy, srcs, k, n);
+    fold_u16_512<fold_bf16_step<Op, false>>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
   CCLZ_TARGET_V4 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
