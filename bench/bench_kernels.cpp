@@ -167,7 +167,10 @@ void bm_copy(benchmark::State& st, Copy kind, std::size_t bytes, std::size_t off
 
 // k inputs into one output: fused single pass vs the chain of reduce() calls
 // an algorithm would otherwise make.
-void bm_many(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes, bool fused) {
+// v: one instruction-set variant's reduce_many (isa/<variant>/reduce_many/...),
+// or nullptr for the library's choice.
+void bm_many(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes, bool fused,
+             const kernels::Variant* v) {
   Arena arena(k + 1, bytes);
   std::vector<const void*> ptrs;
   for (std::size_t s = 0; s < k; ++s) {
@@ -178,7 +181,9 @@ void bm_many(benchmark::State& st, DataType dt, std::size_t k, std::size_t bytes
   std::memset(d, 0, bytes);
   const std::size_t count = bytes / cclz::dtype_size(dt);
   for (auto _ : st) {
-    if (fused) {
+    if (v != nullptr) {
+      v->reduce_many(d, nullptr, ptrs.data(), k, count, dt, ReduceOp::sum);
+    } else if (fused) {
       kernels::reduce_many(d, ptrs, count, dt, ReduceOp::sum);
     } else {
       kernels::reduce(d, ptrs[0], ptrs[1], count, dt, ReduceOp::sum);
@@ -328,6 +333,11 @@ void register_all() {
         benchmark::RegisterBenchmark(name.c_str(), bm_reduce, v, dt, ReduceOp::sum, bytes);
       }
       for (DataType dt : {DataType::f32, DataType::f16, DataType::bf16}) {
+        const std::string name = std::string("isa/") + kernels::isa_name(isa) + "/reduce_many/" +
+                                 cclz::dtype_name(dt) + "/sum/k4/" + size_name(bytes);
+        benchmark::RegisterBenchmark(name.c_str(), bm_many, dt, std::size_t{4}, bytes, true, v);
+      }
+      for (DataType dt : {DataType::f32, DataType::f16, DataType::bf16}) {
         for (int divisor : {1, -1}) {
           const std::string name = std::string("isa/") + kernels::isa_name(isa) + "/divide/" +
                                    cclz::dtype_name(dt) + (divisor == 1 ? "/mul/" : "/div/") + size_name(bytes);
@@ -353,7 +363,7 @@ void register_all() {
       for (bool fused : {true, false}) {
         const std::string name = std::string(fused ? "reduce_many/" : "reduce_chain/") + cclz::dtype_name(dt) +
                                  "/sum/k4/" + size_name(bytes);
-        benchmark::RegisterBenchmark(name.c_str(), bm_many, dt, std::size_t{4}, bytes, fused);
+        benchmark::RegisterBenchmark(name.c_str(), bm_many, dt, std::size_t{4}, bytes, fused, nullptr);
       }
       for (bool fused : {true, false}) {
         const std::string name = std::string(fused ? "reduce_many_copy/" : "reduce_then_copy/") +

@@ -811,42 +811,104 @@ CCLZ_TARGET_V4 CCLZ_INLINE void fold_f16_step(u16_u* d, u16_u* c, const u16_u* c
   }
 }
 
-// f32 folded in registers as bf16 above, on 256-bit vectors (the width the
-// plain types run at in every x86 variant); the tail element by element
-// with the same operation. Against the block loop (bench-kernels
-// reduce_many/f32/sum/k4, medians of 4 interleaved runs, two days): 4KB
-// 127 -> 214 GB/s, 256KB 1.08-1.16x, 64MB 1.0-1.47x (docs/performance.md).
-// The other plain types keep the block loop.
-template <class Op, bool kCopy>
-CCLZ_TARGET_V3 void fold_f32_v3(void* dst, void* copy, const void* const* srcs, std::size_t k,
-                                std::size_t n) noexcept {
-  // Byte-aligned element types: the buffers need not be 4-byte aligned.
-  const f32_u* s[kFoldMax];
-  for (std::size_t t = 0; t < k; ++t) s[t] = static_cast<const f32_u*>(srcs[t]);
-  f32_u* d = static_cast<f32_u*>(dst);
-  f32_u* c = static_cast<f32_u*>(copy);
+// The n-input reduce folded in registers on AVX2, 16 elements (two 8-lane
+// chains) per step, for f32, f16 and bf16: every source's step loaded and
+// combined in order (so dst and copy may be sources), then stored once; the
+// tail element by element with the same operations. H reads a step as two
+// 8-float halves and puts them back (bf16's halves are in unpack order,
+// which its pack undoes), and widens and narrows one element for the tail.
+template <class H, class Op, bool kCopy>
+CCLZ_TARGET_V3 void fold_v3(void* dst, void* copy, const void* const* srcs, std::size_t k, std::size_t n) noexcept {
+  using P = typename H::P;
+  const P* s[kFoldMax];
+  for (std::size_t t = 0; t < k; ++t) s[t] = static_cast<const P*>(srcs[t]);
+  P* d = static_cast<P*>(dst);
+  P* c = static_cast<P*>(copy);
   std::size_t j = 0;
   for (; j + 16 <= n; j += 16) {
-    __m256 lo = vop<Op>(_mm256_loadu_ps(s[0] + j), _mm256_loadu_ps(s[1] + j));
-    __m256 hi = vop<Op>(_mm256_loadu_ps(s[0] + j + 8), _mm256_loadu_ps(s[1] + j + 8));
+    __m256 lo, hi, x, y;
+    H::widen(s[0] + j, lo, hi);
+    H::widen(s[1] + j, x, y);
+    lo = vop<Op>(lo, x);
+    hi = vop<Op>(hi, y);
     for (std::size_t t = 2; t < k; ++t) {
-      lo = vop<Op>(lo, _mm256_loadu_ps(s[t] + j));
-      hi = vop<Op>(hi, _mm256_loadu_ps(s[t] + j + 8));
+      H::widen(s[t] + j, x, y);
+      lo = vop<Op>(lo, x);
+      hi = vop<Op>(hi, y);
     }
-    _mm256_storeu_ps(d + j, lo);
-    _mm256_storeu_ps(d + j + 8, hi);
-    if constexpr (kCopy) {
-      _mm256_storeu_ps(c + j, lo);
-      _mm256_storeu_ps(c + j + 8, hi);
-    }
+    H::template put<kCopy>(d + j, c + j, lo, hi);
   }
   for (; j < n; ++j) {
-    float acc = Op::apply(s[0][j], s[1][j]);
-    for (std::size_t t = 2; t < k; ++t) acc = Op::apply(acc, s[t][j]);
-    d[j] = acc;
-    if constexpr (kCopy) c[j] = acc;
+    float acc = Op::apply(H::widen1(s[0][j]), H::widen1(s[1][j]));
+    for (std::size_t t = 2; t < k; ++t) acc = Op::apply(acc, H::widen1(s[t][j]));
+    const auto r = H::narrow1(acc);
+    d[j] = r;
+    if constexpr (kCopy) c[j] = r;
   }
 }
+
+// f32 (since e9ce97d), against the block loop (bench-kernels
+// reduce_many/f32/sum/k4, medians of 4 interleaved runs, two days): 4KB
+// 127 -> 214 GB/s, 256KB 1.08-1.16x, 64MB 1.0-1.47x (docs/performance.md).
+// Byte-aligned element types: the buffers need not be 4-byte aligned. The
+// other plain types keep the block loop.
+struct fold_v3_f32 {
+  using P = f32_u;
+  CCLZ_TARGET_V3 CCLZ_INLINE static void widen(const P* p, __m256& lo, __m256& hi) noexcept {
+    lo = _mm256_loadu_ps(p);
+    hi = _mm256_loadu_ps(p + 8);
+  }
+  template <bool kCopy>
+  CCLZ_TARGET_V3 CCLZ_INLINE static void put(P* d, P* c, __m256 lo, __m256 hi) noexcept {
+    _mm256_storeu_ps(d, lo);
+    _mm256_storeu_ps(d + 8, hi);
+    if constexpr (kCopy) {
+      _mm256_storeu_ps(c, lo);
+      _mm256_storeu_ps(c + 8, hi);
+    }
+  }
+  CCLZ_INLINE static float widen1(float x) noexcept { return x; }
+  CCLZ_INLINE static float narrow1(float x) noexcept { return x; }
+};
+
+// f16 and bf16, converted back once per step. Against the block loop
+// (bench-kernels isa/avx2/reduce_many/*/sum/k4, 3 interleaved rounds): f16
+// 4KB and 256KB 41-56 -> 58-60 GB/s, bf16 42-53 -> 66-69 and 40-53 ->
+// 64-71; level from memory (64MB). V converts a 16-element step to and
+// from two 8-float halves, Conv one element.
+struct f16_halves {
+  CCLZ_TARGET_V3 CCLZ_INLINE static void widen(const u16_u* p, __m256& lo, __m256& hi) noexcept {
+    lo = load_h8(p);
+    hi = load_h8(p + 8);
+  }
+  CCLZ_TARGET_V3 CCLZ_INLINE static __m256i pack(__m256 lo, __m256 hi) noexcept {
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    return _mm256_set_m128i(_mm256_cvtps_ph(hi, kRound), _mm256_cvtps_ph(lo, kRound));
+  }
+};
+struct bf16_halves {
+  CCLZ_TARGET_V3 CCLZ_INLINE static void widen(const u16_u* p, __m256& lo, __m256& hi) noexcept {
+    const __m256i v = load_i256(p);
+    lo = bf16_lo(v);
+    hi = bf16_hi(v);
+  }
+  CCLZ_TARGET_V3 CCLZ_INLINE static __m256i pack(__m256 lo, __m256 hi) noexcept { return bf16_pack(lo, hi); }
+};
+template <class V, class Conv>
+struct fold_v3_u16 {
+  using P = u16_u;
+  CCLZ_TARGET_V3 CCLZ_INLINE static void widen(const P* p, __m256& lo, __m256& hi) noexcept { V::widen(p, lo, hi); }
+  template <bool kCopy>
+  CCLZ_TARGET_V3 CCLZ_INLINE static void put(P* d, P* c, __m256 lo, __m256 hi) noexcept {
+    const __m256i r = V::pack(lo, hi);
+    store_i256(d, r);
+    if constexpr (kCopy) store_i256(c, r);
+  }
+  CCLZ_INLINE static float widen1(std::uint16_t x) noexcept { return Conv::widen_raw(x); }
+  CCLZ_INLINE static std::uint16_t narrow1(float x) noexcept { return Conv::narrow(x); }
+};
+using fold_v3_f16 = fold_v3_u16<f16_halves, conv_f16>;
+using fold_v3_bf16 = fold_v3_u16<bf16_halves, conv_bf16>;
 
 #pragma GCC diagnostic pop
 
@@ -998,7 +1060,9 @@ struct hw_f16 {
   template <class Op>
   CCLZ_TARGET_V3 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
                                   std::size_t n) noexcept {
-    many_blocks_v3<hw_f16, float, Op>(dst, copy, srcs, k, n);
+    if (k > kFoldMax) return many_blocks_v3<hw_f16, float, Op>(dst, copy, srcs, k, n);
+    if (copy != nullptr) return fold_v3<fold_v3_f16, Op, true>(dst, copy, srcs, k, n);
+    fold_v3<fold_v3_f16, Op, false>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
   CCLZ_TARGET_V3 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
@@ -1052,7 +1116,9 @@ struct hw_bf16 {
   template <class Op>
   CCLZ_TARGET_V3 static void many(void* dst, void* copy, const void* const* srcs, std::size_t k,
                                   std::size_t n) noexcept {
-    many_blocks_v3<hw_bf16, float, Op>(dst, copy, srcs, k, n);
+    if (k > kFoldMax) return many_blocks_v3<hw_bf16, float, Op>(dst, copy, srcs, k, n);
+    if (copy != nullptr) return fold_v3<fold_v3_bf16, Op, true>(dst, copy, srcs, k, n);
+    fold_v3<fold_v3_bf16, Op, false>(dst, copy, srcs, k, n);
   }
   template <class Op, bool kCopy>
   CCLZ_TARGET_V3 static void reduce(void* d, void* c, const void* a, const void* b, std::size_t n) noexcept {
@@ -1247,7 +1313,7 @@ static_assert(kBlock % 32 == 0, "a partial 512-bit step must stay inside the acc
 #endif
 
 // Which f16 and bf16 implementations a variant uses, and whether its f32
-// n-input reduce may take fold_f32_v3 (AVX2).
+// n-input reduce may take fold_v3<fold_v3_f32> (AVX2).
 struct soft_halves {
   static constexpr bool kFoldF32 = false;
   using f16 = soft_f16;
@@ -1305,8 +1371,8 @@ CCLZ_INLINE void many_op(void* dst, void* copy, const void* const* srcs, std::si
 #ifdef CCLZ_KERNELS_X86
       if constexpr (H::kFoldF32) {
         if (k <= kFoldMax) {
-          return copy != nullptr ? fold_f32_v3<Op, true>(dst, copy, srcs, k, n)
-                                 : fold_f32_v3<Op, false>(dst, copy, srcs, k, n);
+          return copy != nullptr ? fold_v3<fold_v3_f32, Op, true>(dst, copy, srcs, k, n)
+                                 : fold_v3<fold_v3_f32, Op, false>(dst, copy, srcs, k, n);
         }
       }
 #endif
