@@ -790,7 +790,7 @@ CCLZ_TARGET_V4 void fold_u16_512(void* dst, void* copy, const void* const* srcs,
 // 16-lane halves, two independent chains) per step. In the cache 1.07x
 // (4KB) and 1.15x (256KB) the block loop, level from memory
 // (reduce_many/f16/sum/k4); in the staged 4-rank all-reduce, whose sources
-// are mostly peers' slots, 0.88-0.90x its time at 256 KB-2 MB.
+// are mostly peers' slots, 0.79-0.95x its time at 128 KB-2 MB.
 template <class Op, bool kCopy>
 CCLZ_TARGET_V4 CCLZ_INLINE void fold_f16_step(u16_u* d, u16_u* c, const u16_u* const* s, std::size_t k,
                                               std::size_t j, __mmask32 m) noexcept {
