@@ -94,11 +94,17 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 // against 36.1; "The all-reduce and reduce staged under 128 KiB",
 // "Every heap call under 512 KiB staged but the reductions'").
 // Where the node's ranks outnumber its cores, each of a direct call's three
-// hand-offs may wait for the scheduler, and the staged path stays faster up
-// to larger calls (4 ranks on 2 cores, interleaved against it: all-to-all
-// faster from 512 KiB, all-reduce and reduce-scatter from 1 MiB, all-gather
-// from 2 MiB; a broadcast's peers all reading the root's pages lost up to 8
-// MiB and won nowhere, so it never does).
+// hand-offs may wait for the scheduler, and only the all-to-all goes
+// through the kernel, from 512 KiB. The floors set for the others (1 MiB
+// for the reductions, 2 MiB for the all-gather; a broadcast never) were
+// measured before the slots' first writes were paid at setup; measured
+// again since (3, 4 and 8 ranks on 2 cores, interleaved, 1-64 MB), the
+// slots ran the all-reduce, reduce-scatter and all-gather as fast or
+// faster at every size the kernel took (4 ranks: all-reduce of 1-8 MB
+// 0.59-0.80x the kernel's time out of place, reduce-scatter 0.41-0.61x,
+// all-gather of 2 MB 0.51-0.54x; docs/performance.md, "More ranks than
+// cores: the slots"), while the all-to-all's results were mixed (1 MB
+// 0.76-0.83x on 3 and 4 ranks, 1.33x on 8).
 constexpr std::uint64_t kCmaNever = ~std::uint64_t{0};
 constexpr std::uint64_t cma_min_bytes(CollKind kind, bool oversubscribed) noexcept {
   if (!oversubscribed) {
@@ -108,12 +114,7 @@ constexpr std::uint64_t cma_min_bytes(CollKind kind, bool oversubscribed) noexce
       default: return std::uint64_t{512} << 10;
     }
   }
-  switch (kind) {
-    case CollKind::all_to_all: return std::uint64_t{512} << 10;
-    case CollKind::all_gather: return std::uint64_t{2} << 20;
-    case CollKind::broadcast: return kCmaNever;
-    default: return std::uint64_t{1} << 20;
-  }
+  return kind == CollKind::all_to_all ? std::uint64_t{512} << 10 : kCmaNever;
 }
 // Bytes reduced at a time through cross-memory attach (all-reduce,
 // reduce-scatter): each peer's block is read into a buffer of this process

@@ -314,11 +314,12 @@ TEST(Cma, HeapBuffersBitExact) {
 // attach, the next kMin staged (the chooser's warm-up), the rest as rank 0
 // measured; every call bitwise against the reference and the same on every
 // rank. Under cma_min_bytes() every call stays staged.
-// With the node's first rank at 1 (mpi-cma-first-1-others-auto), or
-// more ranks than cores (no measured choice then), all six go through
-// cross-memory attach on every rank, except the 24 MiB calls out of place,
-// whose node's buffers pass kCmaMaxNodeBytes: those are measured only where
-// rank 0 measures, and are staged otherwise.
+// With the node's first rank at 1 (mpi-cma-first-1-others-auto), all six
+// go through cross-memory attach on every rank, except the 24 MiB calls out
+// of place, whose node's buffers pass kCmaMaxNodeBytes: those are measured
+// only where rank 0 measures, and are staged otherwise. With more ranks
+// than cores (no measured choice then) only the all-to-all goes through the
+// kernel, from 512 KiB, as at 1; every other call is staged.
 TEST(CmaMeasured, RunsBothWaysBitExact) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
@@ -330,9 +331,9 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
   constexpr int kCalls = 6, kMin = coll::shm::HeapPathChooser::kMin;
   static_assert(kCalls >= 2 * kMin + 1);
   std::vector<std::uint64_t> hashes;
-  // From 1 MiB: eligible with more ranks than cores too (cma_min_bytes).
-  // 256 KiB: the all-reduce and reduce through the kernel unmeasured with a
-  // core per rank, the others staged. 64 KiB: staged.
+  // 1536 KiB and up: eligible with more ranks than cores too, for the
+  // all-to-all. 256 KiB: the all-reduce and reduce through the kernel
+  // unmeasured with a core per rank, the others staged. 64 KiB: staged.
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 3u << 20},
                           {DataType::bf16, ReduceOp::sum, 1536u << 10},
                           {DataType::f32, ReduceOp::sum, 24u << 20},
@@ -359,8 +360,11 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
         // per rank, heap calls stay staged under 128 KiB (the all-reduce and
         // reduce) or 512 KiB (the others), the all-reduce and reduce go
         // through the kernel unmeasured from 128 to 512 KiB, and every call
-        // is measured from 512 KiB. (More ranks than cores: higher floors.)
-        const bool staged = s.bytes < (reduction ? (128u << 10) : (512u << 10));
+        // is measured from 512 KiB. With more ranks than cores, every call
+        // but the all-to-all's stays staged.
+        const bool oversubscribed = c->impl()->shm_oversubscribed();
+        const bool staged = (oversubscribed && kind != CollKind::all_to_all) ||
+                            s.bytes < (reduction ? (128u << 10) : (512u << 10));
         const bool small = reduction && s.bytes < (512u << 10);
         if (!staged && !cma_eligible(*c, cc, in_place)) {
           // More ranks than cores (256 KiB, 1536 KiB), or past the node's cap unmeasured.
@@ -465,8 +469,12 @@ TEST(Cma, ShortPeerBufferIsAClearError) {
   }
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   // At least 64 pages a block, and an all-gather large enough to go through
-  // cross-memory attach (cma_min_bytes: higher with more ranks than cores).
+  // cross-memory attach. With more ranks than cores it never does: the
+  // staged call would read the missing page itself.
   const std::uint64_t floor = coll::shm::cma_min_bytes(CollKind::all_gather, c->impl()->shm_oversubscribed());
+  if (floor == coll::shm::kCmaNever) {
+    GTEST_SKIP() << "with more ranks than cores an all-gather never goes through cross-memory attach";
+  }
   const std::size_t pages = std::max<std::size_t>(64, (floor / static_cast<std::uint64_t>(n) + page - 1) / page);
   const std::size_t block = pages * page, count = block / sizeof(float), total = block * static_cast<std::size_t>(n);
   // The whole output, and one page more that the last rank takes away.
