@@ -301,7 +301,30 @@ int poll_timeout_ms(Clock::time_point deadline, int cap_ms) {
   return static_cast<int>(std::min<long long>(ms, cap_ms));
 }
 
-// One connect attempt; returns 0 or the errno that made it fail.
+// On loopback a connect to a port nobody listens on, in the range the
+// kernel hands out as source ports, can take that very port as its source
+// and connect to itself (TCP simultaneous open). Such a socket carries
+// nothing and holds the port the root is about to bind, which then fails
+// with "Address already in use".
+static bool connected_to_itself(int fd) {
+  SockAddr self, peer;
+  self.len = peer.len = sizeof(sockaddr_storage);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self.storage), &self.len) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer.storage), &peer.len) != 0) {
+    return false;
+  }
+  if (self.family() != peer.family() || self.port() != peer.port()) return false;
+  if (self.family() == AF_INET) {
+    return reinterpret_cast<const sockaddr_in&>(self.storage).sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in&>(peer.storage).sin_addr.s_addr;
+  }
+  return self.family() == AF_INET6 &&
+         std::memcmp(&reinterpret_cast<const sockaddr_in6&>(self.storage).sin6_addr,
+                     &reinterpret_cast<const sockaddr_in6&>(peer.storage).sin6_addr, sizeof(in6_addr)) == 0;
+}
+
+// One connect attempt; returns 0 or the errno that made it fail (a
+// connection to itself counts as refused, and is reset to free the port).
 static int try_connect(const SockAddr& addr, Clock::time_point deadline, Fd* out) {
   Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return errno;
@@ -324,6 +347,13 @@ static int try_connect(const SockAddr& addr, Clock::time_point deadline, Fd* out
     socklen_t len = sizeof err;
     if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
     if (err != 0) return err;
+  }
+  if (connected_to_itself(fd.get())) {
+    // Reset, not closed: a closed one would hold the port in TIME_WAIT,
+    // and bind() fails on that too (this socket had no SO_REUSEADDR).
+    const linger reset{1, 0};
+    setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    return ECONNREFUSED;
   }
   *out = std::move(fd);
   return 0;

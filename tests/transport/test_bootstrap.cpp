@@ -2,19 +2,27 @@
 // the errors a rendezvous can end in (missing rank, disagreeing nranks,
 // duplicate rank, unreachable root, bad id) and the split exchange.
 #include <gtest/gtest.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
 #include "harness.hpp"
+#include "socket.hpp"
 
 namespace cclz::ttest {
 namespace {
+
+namespace net = detail::net;
 
 std::string my_hostname() {
   char h[256] = {};
@@ -167,6 +175,72 @@ TEST(Bootstrap, UnreachableRootFailsAtTheDeadlineNamingTheAddress) {
   EXPECT_NE(st.message().find("127.0.0.1:" + std::to_string(port)), std::string::npos) << st.message();
   EXPECT_GE(took, 0.5);
   EXPECT_LT(took, 1.5);
+}
+
+// Moves the calling thread into a network namespace of its own with
+// loopback up. Returns why it could not ("" when done): it needs
+// CAP_SYS_ADMIN and CAP_NET_ADMIN.
+std::string private_loopback() {
+  if (::unshare(CLONE_NEWNET) != 0) return std::string("unshare(CLONE_NEWNET): ") + std::strerror(errno);
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  ifr.ifr_flags = IFF_UP;
+  const bool up = fd >= 0 && ::ioctl(fd, SIOCSIFFLAGS, &ifr) == 0;
+  if (fd >= 0) ::close(fd);
+  return up ? "" : "cannot bring up lo in the new namespace";
+}
+
+// The source ports connects may take in the calling thread's namespace.
+bool set_source_ports(int lo, int hi) {
+  FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "w");
+  if (f == nullptr) return false;
+  const bool set = std::fprintf(f, "%d %d", lo, hi) > 0;
+  return std::fclose(f) == 0 && set;
+}
+
+int local_port(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  return ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 ? ntohs(a.sin_port) : -1;
+}
+
+// A rank that dials the root before the root listens, on a port the kernel
+// may also hand out as a source port: on loopback the connect can pick
+// that very port and connect to itself (TCP simultaneous open). Taken for
+// the root, such a socket carried nothing and held the port, and the root
+// then failed with "Address already in use" (seen in the fault suite).
+// Here the root's port is the only source port at first, so every attempt
+// connects to itself unless the library refuses it.
+TEST(Bootstrap, ConnectNeverTakesItselfForTheRoot) {
+  std::string skipped;
+  std::thread([&] {
+    skipped = private_loopback();
+    if (!skipped.empty()) return;
+    constexpr int kPort = 40000;
+    ASSERT_TRUE(set_source_ports(kPort, kPort));
+    net::SockAddr root;
+    ASSERT_TRUE(net::resolve("127.0.0.1", kPort, &root).ok());
+    // Nobody listens: the call must run to its deadline.
+    net::Fd fd;
+    Status st = net::connect_retry(root, after(0.5), &fd);
+    EXPECT_EQ(st.code(), Result::timeout) << st.to_string() << " (connected from port " << local_port(fd.get())
+                                          << ")";
+
+    // The root arrives late, on the port the rank's attempts keep taking:
+    // it must still bind it, and the rank then reach it from the other.
+    ASSERT_TRUE(set_source_ports(kPort, kPort + 1));
+    std::thread dialer([&] { st = net::connect_retry(root, after(5), &fd); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    net::Fd listener;
+    net::SockAddr bound;
+    const Status ls = net::listen_on(root, true, 16, &listener, &bound);
+    EXPECT_TRUE(ls.ok()) << ls.to_string();
+    dialer.join();
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(local_port(fd.get()), kPort + 1);
+  }).join();
+  if (!skipped.empty()) GTEST_SKIP() << "needs a network namespace of its own: " << skipped;
 }
 
 TEST(Bootstrap, RejectsBadArguments) {
