@@ -238,11 +238,11 @@ std::vector<int> roots_for(int n) {
   return {s.begin(), s.end()};
 }
 
-// The few-MB calls, one per width of element: what a call larger than a
-// slot adds (chunks, their bounds and alignment) depends on the width, and
-// the kernels of every dtype and op run in the small counts above. avg is
-// among them for the division by the rank that reduces each range. (With
-// two calls for each of 2 and 4 bytes they took most of the matrix's time.)
+// The few-MB calls, one per width of element (they take most of the
+// matrix's time): what a call larger than a slot adds (chunks, their
+// bounds and alignment) depends on the width, and the kernels of every
+// dtype and op run in the small counts above. avg is among them for the
+// division by the rank that reduces each range.
 struct Big {
   DataType dt;
   ReduceOp op;
