@@ -274,7 +274,10 @@ TEST(Direct, OneHeapRankSendsEveryoneStaged) {
 // reduce-scatter, broadcast and reduce go through cross-memory attach where it applies (sizes around its bounds,
 // odd counts, several dtypes and ops, avg too, in and out of place), everything else
 // staged; every call bitwise against the reference. With CCLZ_SHM_CMA=0 on
-// the node's first rank (mpi-cma-first-0), nothing goes direct.
+// the node's first rank (mpi-cma-first-0), nothing goes direct. The node's
+// cap (kCmaMaxNodeBytes) lies between the 9 and 17 MiB calls' buffers on 2
+// and 3 ranks, and below the 9 MiB ones from 4; the 17 MiB call (avg)
+// crosses it on every rank count.
 TEST(Cma, HeapBuffersBitExact) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
@@ -282,7 +285,7 @@ TEST(Cma, HeapBuffersBitExact) {
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 200u << 10}, {DataType::f32, ReduceOp::sum, 300u << 10},
                           {DataType::bf16, ReduceOp::sum, 1u << 20},  {DataType::i32, ReduceOp::max, 3u << 20},
                           {DataType::f16, ReduceOp::prod, 700u << 10}, {DataType::f64, ReduceOp::min, 9u << 20},
-                          {DataType::u8, ReduceOp::sum, 17u << 20},   {DataType::f32, ReduceOp::avg, 600u << 10},
+                          {DataType::u8, ReduceOp::sum, 1536u << 10}, {DataType::f32, ReduceOp::avg, 600u << 10},
                           {DataType::bf16, ReduceOp::avg, 17u << 20}};
   std::vector<std::uint64_t> hashes;
   std::uint64_t want = 0;
