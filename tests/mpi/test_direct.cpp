@@ -274,10 +274,10 @@ TEST(Direct, OneHeapRankSendsEveryoneStaged) {
 // reduce-scatter, broadcast and reduce go through cross-memory attach where it applies (sizes around its bounds,
 // odd counts, several dtypes and ops, avg too, in and out of place), everything else
 // staged; every call bitwise against the reference. With CCLZ_SHM_CMA=0 on
-// the node's first rank (mpi-cma-first-0), nothing goes direct. The node's
-// cap (kCmaMaxNodeBytes) lies between the 9 and 17 MiB calls' buffers on 2
-// and 3 ranks, and below the 9 MiB ones from 4; the 17 MiB call (avg)
-// crosses it on every rank count.
+// the node's first rank (mpi-cma-first-0), nothing goes direct. For the
+// all-reduce out of place, the node's cap (kCmaMaxNodeBytes) lies between
+// the 9 and 17 MiB calls' buffers on 2 and 3 ranks and below the 9 MiB
+// ones from 4: the 17 MiB call (avg) crosses it on every rank count.
 TEST(Cma, HeapBuffersBitExact) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
