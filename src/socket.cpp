@@ -313,14 +313,7 @@ static bool connected_to_itself(int fd) {
       ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer.storage), &peer.len) != 0) {
     return false;
   }
-  if (self.family() != peer.family() || self.port() != peer.port()) return false;
-  if (self.family() == AF_INET) {
-    return reinterpret_cast<const sockaddr_in&>(self.storage).sin_addr.s_addr ==
-           reinterpret_cast<const sockaddr_in&>(peer.storage).sin_addr.s_addr;
-  }
-  return self.family() == AF_INET6 &&
-         std::memcmp(&reinterpret_cast<const sockaddr_in6&>(self.storage).sin6_addr,
-                     &reinterpret_cast<const sockaddr_in6&>(peer.storage).sin6_addr, sizeof(in6_addr)) == 0;
+  return self.family() == peer.family() && self.port() == peer.port() && self.raw_address() == peer.raw_address();
 }
 
 // One connect attempt; returns 0 or the errno that made it fail (a
