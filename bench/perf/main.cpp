@@ -185,11 +185,16 @@ class Bench {
  private:
   Row measure(const std::string& algorithm, DataType dt, ReduceOp op, std::size_t bytes, bool has_op);
   Status call(const CollCase& c, const testing::VLayout& v, const void* s, void* r, const CallOptions& opt);
-  // Times `iters` calls of `fn` after `warmup` untimed ones; per-iteration
-  // seconds, max over ranks. Sets *failed (on every rank) if any rank failed.
-  // With --touch, `touch` is applied before each timed call (see Touch).
+  // What time_loop measured, in seconds.
+  struct Timing {
+    double mean = 0;           // per-iteration average on each rank, max over ranks
+    double p50 = -1, p99 = -1; // --per-call: of the slowest rank's time per call
+  };
+  // Times `iters` calls of `fn` after `warmup` untimed ones. Sets *failed
+  // (on every rank) if any rank failed. With --touch, `touch` is applied
+  // before each timed call (see Touch).
   template <class Fn>
-  double time_loop(Fn&& fn, bool* failed, bool cclz_start, const Touch& touch);
+  Timing time_loop(Fn&& fn, bool* failed, bool cclz_start, const Touch& touch);
   long long sum_over_ranks(long long v) const;
   bool any_rank(bool v) const;
 
@@ -241,20 +246,24 @@ Status Bench::call(const CollCase& c, const testing::VLayout& v, const void* s, 
 // buffers and every rank has passed the library's own barrier (cclz's for
 // cclz, MPI's for MPI), so that no rank's touch is timed as its peers' wait.
 template <class Fn>
-double Bench::time_loop(Fn&& fn, bool* failed, bool cclz_start, const Touch& touch) {
+Bench::Timing Bench::time_loop(Fn&& fn, bool* failed, bool cclz_start, const Touch& touch) {
   using clock = std::chrono::steady_clock;
+  Timing timing;
   bool bad = false;
   for (int i = 0; i < o_.warmup && !bad; ++i) bad = !fn();
   // Everyone starts together; the barrier is outside the timed region.
   if (any_rank(bad)) {
     *failed = true;
-    return 0;
+    return timing;
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (cclz_start && !comm_.barrier().wait().ok()) {
     *failed = true;
-    return 0;
+    return timing;
   }
+  // --per-call: this rank's seconds for each timed call, by index (a call
+  // that did not run stays 0).
+  std::vector<double> calls(o_.per_call ? static_cast<std::size_t>(o_.iters) : 0, 0.0);
   double local = 0;
   if (o_.touch) {
     for (int i = 0; i < o_.iters && !bad; ++i) {
@@ -266,20 +275,40 @@ double Bench::time_loop(Fn&& fn, bool* failed, bool cclz_start, const Touch& tou
       }
       const auto t0 = clock::now();
       if (!bad) bad = !fn();
-      local += std::chrono::duration<double>(clock::now() - t0).count();
+      const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+      local += secs;
+      if (!calls.empty()) calls[static_cast<std::size_t>(i)] = secs;
     }
     local /= o_.iters;
   } else {
+    // Back to back: a call's time runs from the end of the one before.
     const auto t0 = clock::now();
-    for (int i = 0; i < o_.iters && !bad; ++i) bad = !fn();
-    local = std::chrono::duration<double>(clock::now() - t0).count() / o_.iters;
+    auto last = t0;
+    for (int i = 0; i < o_.iters && !bad; ++i) {
+      bad = !fn();
+      if (!calls.empty()) {
+        const auto now = clock::now();
+        calls[static_cast<std::size_t>(i)] = std::chrono::duration<double>(now - last).count();
+        last = now;
+      }
+    }
+    // With --per-call the mean ends where the last call's time ends.
+    const auto end = calls.empty() ? clock::now() : last;
+    local = std::chrono::duration<double>(end - t0).count() / o_.iters;
   }
   // And nobody enters MPI (busy-polling) while a peer is still timing.
   if (cclz_start && !bad) bad = !comm_.barrier().wait().ok();
-  double worst = 0;
-  MPI_Allreduce(&local, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&local, &timing.mean, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (!calls.empty()) {
+    // A call is as slow as its slowest rank.
+    std::vector<double> slowest(calls.size());
+    MPI_Allreduce(calls.data(), slowest.data(), static_cast<int>(calls.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    std::sort(slowest.begin(), slowest.end());
+    timing.p50 = percentile(slowest, 50);
+    timing.p99 = percentile(slowest, 99);
+  }
   *failed = any_rank(bad);
-  return worst;
+  return timing;
 }
 
 Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::size_t bytes, bool has_op) {
@@ -331,11 +360,15 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
   std::byte* s = buf_.send.data();
   std::byte* r = buf_.recv.data();
   const double factor = testing::busbw_factor(o_.kind, n_);
-  auto finish = [&](Measure* m, double secs) {
+  auto finish = [&](Measure* m, const Timing& t) {
     m->valid = true;
-    m->time_us = secs * 1e6;
-    m->algbw = secs > 0 ? static_cast<double>(row.bytes) / secs / kGB : 0;
+    m->time_us = t.mean * 1e6;
+    m->algbw = t.mean > 0 ? static_cast<double>(row.bytes) / t.mean / kGB : 0;
     m->busbw = m->algbw * factor;
+    if (t.p50 >= 0) {
+      m->p50_us = t.p50 * 1e6;
+      m->p99_us = t.p99 * 1e6;
+    }
   };
   auto fail = [&](const Status& st) {
     if (!st.ok() && error_.empty()) error_ = st.to_string();
@@ -352,12 +385,12 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
     row.oop.wrong = sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, r)));
   }
   const Touch oop_touch{s, bc.send * es, r, bc.recv * es};
-  double secs = time_loop([&] { return fail(call(c, v, s, r, opt)); }, &failed, true, oop_touch);
+  Timing t = time_loop([&] { return fail(call(c, v, s, r, opt)); }, &failed, true, oop_touch);
   if (failed) return failed_ = true, row;
   long long oop_wrong = row.oop.wrong;
   // The timed calls ran on touched inputs: their output must still be exact.
   if (o_.check && o_.touch) oop_wrong += sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, r)));
-  finish(&row.oop, secs);
+  finish(&row.oop, t);
   row.oop.wrong = oop_wrong;
 
   // In place, NCCL's layout: one buffer, sendbuf/recvbuf at offsets in it.
@@ -375,10 +408,10 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
       if (any_rank(!ok)) return failed_ = true, row;
       wrong = sum_over_ranks(static_cast<long long>(testing::check_output(c, rank_, ir)));
     }
-    secs = time_loop([&] { return fail(call(c, v, is, ir, opt)); }, &failed, true,
-                     Touch{is, bc.send * es, ir, bc.recv * es});
+    t = time_loop([&] { return fail(call(c, v, is, ir, opt)); }, &failed, true,
+                  Touch{is, bc.send * es, ir, bc.recv * es});
     if (failed) return failed_ = true, row;
-    finish(&row.ip, secs);
+    finish(&row.ip, t);
     row.ip.wrong = wrong;
   }
 
@@ -386,9 +419,9 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
   std::string why;
   if (mpi_ != nullptr && mpi_->available(c, &why)) {
     testing::fill_input(c, rank_, s);
-    secs = time_loop([&] { return mpi_->run(c, &v, s, r) == MPI_SUCCESS; }, &failed, false, oop_touch);
+    t = time_loop([&] { return mpi_->run(c, &v, s, r) == MPI_SUCCESS; }, &failed, false, oop_touch);
     if (!failed) {
-      finish(&row.mpi, secs);
+      finish(&row.mpi, t);
     }
   }
 
@@ -528,6 +561,7 @@ int run(int argc, char** argv) {
   info.buffers = o.buffers;
   info.offset = o.offset;
   info.touch = o.touch;
+  info.per_call = o.per_call;
   info.roof = o.roofline && o.kind == CollKind::all_reduce && info.nodes == 1;
   info.copy_measured = o.roofline;
   info.copiers_n = std::max(1, std::min(info.local_ranks, info.cores));

@@ -120,6 +120,11 @@ Options (as nccl-tests unless marked cclz):
                           barrier, touch and barrier untimed. Default: calls
                           back to back, as nccl-tests times them, on buffers
                           the previous call left in the caches.
+      --per-call          cclz: also time each call on its own and print the
+                          median (p50) and 99th percentile (p99) of the
+                          slowest rank's time per call, for cclz out of
+                          place and in place and for MPI (with fewer than
+                          100 calls p99 is the slowest call)
       --json FILE         cclz: also write every row as JSON (rank 0)
       --csv FILE          cclz: also write every row as CSV (rank 0)
       --no-mpi            cclz: skip the MPI baseline columns
@@ -183,6 +188,8 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
       o.roofline = false;
     } else if (name == "--touch") {
       o.touch = true;
+    } else if (name == "--per-call") {
+      o.per_call = true;
     } else if (name == "-b" || name == "--minbytes") {
       if (!take(&v)) return false;
       if (!parse_bytes(v, &o.min_bytes)) return *error = "bad size for -b: " + v, false;
@@ -258,6 +265,9 @@ bool parse_options(int argc, char** argv, Options* out, std::string* error) {
   if (o.min_bytes > o.max_bytes) return *error = "-b is larger than -e", false;
   if (!o.compressors.empty() && o.kind != testing::CollKind::all_reduce) {
     return *error = "--compressor times the compressed all_reduce only", false;
+  }
+  if (!o.compressors.empty() && o.per_call) {
+    return *error = "--per-call times the tables' calls, which --compressor replaces", false;
   }
   *out = std::move(o);
   return true;

@@ -44,6 +44,13 @@ struct Options {
   // the writer's cache and not in the reader's from the call before; each
   // call is then timed alone, after a barrier (touch and barrier untimed).
   bool touch = false;
+  // --per-call: each timed call's time is kept (each rank: from the end of
+  // the call before, or the start, to the end of this one), and the median
+  // and 99th percentile of the slowest rank's time per call are printed
+  // beside the mean: with more ranks than cores a rank the scheduler leaves
+  // off its core holds a call back by a slice, and a mean of few calls
+  // cannot tell that tail from a slow path.
+  bool per_call = false;
   // --no-roofline: no copy-bandwidth measurement at start (about 3 s of
   // 256 MB copies on rank 0), so no %roof column; for runs that check
   // results rather than measure (tests/perf).

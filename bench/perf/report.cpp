@@ -19,6 +19,13 @@ std::string fmt_time(const Measure& m) {
   std::snprintf(b, sizeof b, m.time_us < 1e6 ? "%.2f" : "%.0f", m.time_us);
   return b;
 }
+// A --per-call figure in microseconds.
+std::string fmt_us(const Measure& m, double us) {
+  if (!m.valid || us < 0) return "n/a";
+  char b[32];
+  std::snprintf(b, sizeof b, us < 1e6 ? "%.2f" : "%.0f", us);
+  return b;
+}
 std::string fmt_bw(const Measure& m, double v) {
   if (!m.valid) return "n/a";
   char b[32];
@@ -53,16 +60,27 @@ std::string num(double v) {
   return b;
 }
 
+// A figure that may be unmeasured (negative): null in JSON, empty in CSV.
+std::string opt_num(double v, const char* none = "null") { return v < 0 ? none : num(v); }
+
 void json_measure(std::FILE* f, const char* name, const Measure& m) {
   if (!m.valid) {
     std::fprintf(f, "\"%s\": null", name);
     return;
   }
-  std::fprintf(f, "\"%s\": {\"time_us\": %s, \"algbw_gbs\": %s, \"busbw_gbs\": %s, \"wrong\": %lld}", name,
+  std::fprintf(f, "\"%s\": {\"time_us\": %s, \"algbw_gbs\": %s, \"busbw_gbs\": %s, \"wrong\": %lld, ", name,
                num(m.time_us).c_str(), num(m.algbw).c_str(), num(m.busbw).c_str(), m.wrong);
+  std::fprintf(f, "\"p50_us\": %s, \"p99_us\": %s}", opt_num(m.p50_us).c_str(), opt_num(m.p99_us).c_str());
 }
 
 }  // namespace
+
+double percentile(const std::vector<double>& sorted, double pct) {
+  if (sorted.empty()) return -1;
+  const auto n = static_cast<double>(sorted.size());
+  const auto rank = static_cast<std::size_t>(std::ceil(pct * n / 100.0));
+  return sorted[std::clamp<std::size_t>(rank, 1, sorted.size()) - 1];
+}
 
 void print_header(std::FILE* f, const RunInfo& i) {
   std::fprintf(f, "# cclz-perf %s: %s\n", i.version.c_str(), i.collective.c_str());
@@ -95,6 +113,11 @@ void print_header(std::FILE* f, const RunInfo& i) {
   } else {
     std::fprintf(f, "# time = per-iteration average on each rank, max over ranks; GB = 1e9 bytes\n");
   }
+  if (i.per_call) {
+    std::fprintf(f, "# --per-call: p50, p99 = median and 99th percentile (nearest rank) over the timed calls of the "
+                 "slowest rank's time per call (each rank's call from the end of the one before); out-of-place, "
+                 "then MPI's\n");
+  }
   if (i.roof) {
     std::fprintf(f, "# %%roof = busbw(out-of-place) / roofline busbw; roofline time = 2*n*size / (%d-copier "
                  "bandwidth) (docs/performance.md)\n",
@@ -112,17 +135,28 @@ void print_table_header(std::FILE* f, const RunInfo& i, const std::string& algor
   // 16 for algo, 30 for the MPI group.
   std::fprintf(f, "#%48s  %s  %s  %14s", "", centre("out-of-place", 38).c_str(), centre("in-place", 38).c_str(), "");
   if (i.mpi) std::fprintf(f, "  %s", centre("MPI baseline", 30).c_str());
+  if (i.per_call) {
+    if (i.roof) std::fprintf(f, "  %7s", "");
+    std::fprintf(f, "  %s", centre("per call", 22).c_str());
+    if (i.mpi) std::fprintf(f, "  %s", centre("MPI per call", 22).c_str());
+  }
   std::fprintf(f, "\n");
   std::fprintf(f, "#%11s  %12s  %6s  %6s  %5s  %10s  %8s  %8s  %6s  %10s  %8s  %8s  %6s  %14s", "size", "count",
                "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
                "algo");
   if (i.mpi) std::fprintf(f, "  %10s  %8s  %8s", "time", "busbw", "cclz/mpi");
   if (i.roof) std::fprintf(f, "  %7s", "%roof");
+  if (i.per_call) {
+    for (int k = 0; k < (i.mpi ? 2 : 1); ++k) std::fprintf(f, "  %10s  %10s", "p50", "p99");
+  }
   std::fprintf(f, "\n");
   std::fprintf(f, "#%11s  %12s  %6s  %6s  %5s  %10s  %8s  %8s  %6s  %10s  %8s  %8s  %6s  %14s", "(B)",
                "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "");
   if (i.mpi) std::fprintf(f, "  %10s  %8s  %8s", "(us)", "(GB/s)", "busbw");
   if (i.roof) std::fprintf(f, "  %7s", "");
+  if (i.per_call) {
+    for (int k = 0; k < (i.mpi ? 4 : 2); ++k) std::fprintf(f, "  %10s", "(us)");
+  }
   std::fprintf(f, "\n");
   std::fflush(f);
 }
@@ -154,6 +188,12 @@ void print_row(std::FILE* f, const RunInfo& i, const Row& r) {
       std::fprintf(f, "  %5.1f%%%s", 100.0 * r.oop.busbw / r.roof_busbw, r.roof_cached ? "*" : " ");
     } else {
       std::fprintf(f, "  %7s", "n/a");
+    }
+  }
+  if (i.per_call) {
+    for (const Measure* m : {&r.oop, &r.mpi}) {
+      if (m == &r.mpi && !i.mpi) break;
+      std::fprintf(f, "  %10s  %10s", fmt_us(*m, m->p50_us).c_str(), fmt_us(*m, m->p99_us).c_str());
     }
   }
   std::fprintf(f, "\n");
@@ -241,8 +281,8 @@ bool write_json(const std::string& path, const RunInfo& i, const std::vector<Row
                json_escape(i.version).c_str(), i.collective.c_str());
   std::fprintf(f, "  \"ranks\": %d, \"nodes\": %d, \"local_ranks\": %d, \"cores\": %d, \"host\": \"%s\",\n", i.nranks,
                i.nodes, i.local_ranks, i.cores, json_escape(i.host).c_str());
-  std::fprintf(f, "  \"iters\": %d, \"warmup\": %d, \"check\": %s, \"touch\": %s,\n", i.iters, i.warmup,
-               i.check ? "true" : "false", i.touch ? "true" : "false");
+  std::fprintf(f, "  \"iters\": %d, \"warmup\": %d, \"check\": %s, \"touch\": %s, \"per_call\": %s,\n", i.iters,
+               i.warmup, i.check ? "true" : "false", i.touch ? "true" : "false", i.per_call ? "true" : "false");
   std::fprintf(f,
                "  \"copy_bw_1_gbs\": %s, \"copy_bw_n_gbs\": %s, \"copy_bw_n_memcpy_gbs\": %s, "
                "\"copy_bw_n_streamed_gbs\": %s, \"copiers_n\": %d, \"llc_bytes\": %zu,\n",
@@ -279,7 +319,8 @@ bool write_csv(const std::string& path, const std::vector<Row>& rows, std::strin
   }
   std::fprintf(f, "collective,requested,algo,tuned,supported,bytes,count,type,redop,root,"
                "oop_time_us,oop_algbw_gbs,oop_busbw_gbs,oop_wrong,ip_time_us,ip_algbw_gbs,ip_busbw_gbs,ip_wrong,"
-               "mpi_time_us,mpi_busbw_gbs,roof_busbw_gbs,roof_cached\n");
+               "mpi_time_us,mpi_busbw_gbs,roof_busbw_gbs,roof_cached,"
+               "oop_p50_us,oop_p99_us,ip_p50_us,ip_p99_us,mpi_p50_us,mpi_p99_us\n");
   auto m3 = [&](const Measure& m) {
     if (!m.valid) {
       std::fprintf(f, ",,,,");
@@ -299,7 +340,11 @@ bool write_csv(const std::string& path, const std::vector<Row>& rows, std::strin
     } else {
       std::fprintf(f, ",,");
     }
-    std::fprintf(f, ",%s,%s\n", r.has_roof ? num(r.roof_busbw).c_str() : "", r.has_roof && r.roof_cached ? "1" : "0");
+    std::fprintf(f, ",%s,%s", r.has_roof ? num(r.roof_busbw).c_str() : "", r.has_roof && r.roof_cached ? "1" : "0");
+    for (const Measure* m : {&r.oop, &r.ip, &r.mpi}) {
+      std::fprintf(f, ",%s,%s", opt_num(m->p50_us, "").c_str(), opt_num(m->p99_us, "").c_str());
+    }
+    std::fprintf(f, "\n");
   }
   const bool ok = std::fclose(f) == 0;
   if (!ok) *error = "error writing " + path;

@@ -21,6 +21,10 @@ struct Measure {
   double algbw = 0;     // GB/s, GB = 1e9
   double busbw = 0;     // GB/s
   long long wrong = -1; // elements wrong over all ranks; -1 = not checked
+  // --per-call: over the timed calls, the median and 99th percentile
+  // (nearest rank) of the slowest rank's time per call; -1 = not measured.
+  double p50_us = -1;
+  double p99_us = -1;
 };
 
 struct Row {
@@ -66,9 +70,15 @@ struct RunInfo {
   BufferKind buffers = BufferKind::heap;  // -R
   std::size_t offset = 0;     // --offset: bytes past a 64-byte boundary
   bool touch = false;         // --touch: buffers touched between calls, each call timed alone
+  bool per_call = false;      // --per-call: p50 and p99 columns
   bool copy_measured = true;  // false with --no-roofline: the copy_bw fields are 0
   bool roof = false;          // roofline column printed (all_reduce on one host)
 };
+
+// The nearest-rank percentile `pct` (0-100] of `sorted` (ascending): the
+// smallest value that at least pct% of the values do not exceed; -1 if
+// there are none.
+double percentile(const std::vector<double>& sorted, double pct);
 
 void print_header(std::FILE* f, const RunInfo& info);
 void print_table_header(std::FILE* f, const RunInfo& info, const std::string& algorithm);

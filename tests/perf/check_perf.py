@@ -15,7 +15,13 @@
    cclz::register_buffer (-R 1, -R 2), at sizes of the direct path: exact.
 4. --touch (buffers touched between calls): said in the header and the
    JSON, and the timed calls' output is exact.
-5. perf_tables.py --plot: the markdown tables (headed by the copy
+5. --per-call: the median and 99th percentile of the slowest rank's time
+   per call, in the table, the JSON and the CSV. With one timed call both
+   are that call, which is also the mean: all three must be equal; with
+   more calls p50 <= p99, and p99 (the slowest call, under 100 calls) is
+   at least the mean of the slowest rank. Without it the fields are
+   empty.
+6. perf_tables.py --plot: the markdown tables (headed by the copy
    bandwidth cclz-perf measured) and a PNG of the curves, from its own runs
    and from a CSV of step 1 (--from-csv, as scripts/main.sh).
 Every command is bounded in time; every failure is reported, then the test
@@ -142,6 +148,57 @@ def check_touch(tmp):
                 fail(f"{' '.join(cmd)}: row {r}")
 
 
+def check_per_call(tmp):
+    """--per-call: p50/p99 columns, JSON and CSV fields, consistent with the
+    mean; absent without it."""
+    for coll, iters in (("all_reduce", "1"), ("all_to_all", "1"), ("all_reduce", "12")):
+        path = os.path.join(tmp, f"{coll}-{iters}-per-call")
+        cmd = [MPIEXEC, "-n", "3", PERF, coll, "-c", "1", "-b", "4K", "-e", "256K", "-f", "8", "-n", iters, "-w", "1",
+               "--per-call", "--json", path + ".json", "--csv", path + ".csv", "--no-roofline"]
+        rc, out, err = run(cmd)
+        if rc != 0 or "# --per-call: p50, p99 = median and 99th percentile" not in out:
+            fail(f"{' '.join(cmd)}: exit {rc}, header without --per-call\n{out[-2000:]}\n{err[-2000:]}")
+            continue
+        head = [ln for ln in out.splitlines() if ln.startswith("#") and "size" in ln.split() and "p50" in ln]
+        if len(head) != 1 or head[0].split()[-4:] != ["p50", "p99", "p50", "p99"]:
+            fail(f"{' '.join(cmd)}: column heads {head}, want p50 p99 for cclz and MPI last")
+        with open(path + ".json") as f:
+            doc = json.load(f)
+        if doc.get("per_call") is not True or len(doc["rows"]) != 3:
+            fail(f"{' '.join(cmd)}: per_call {doc.get('per_call')!r}, {len(doc['rows'])} rows, want true and 3")
+        measures = ("out_of_place", "mpi") if coll == "all_to_all" else ("out_of_place", "in_place", "mpi")
+        for r in doc["rows"]:
+            for name in measures:
+                m = r[name] or {}
+                mean, p50, p99 = m.get("time_us"), m.get("p50_us"), m.get("p99_us")
+                if not mean or p50 is None or p99 is None:
+                    fail(f"{' '.join(cmd)}: {name} of {r['bytes']} B: {m}")
+                elif iters == "1" and not mean == p50 == p99:
+                    fail(f"{' '.join(cmd)}: {name} of {r['bytes']} B, one call: mean {mean}, p50 {p50}, p99 {p99}, "
+                         "want all equal")
+                elif iters != "1" and not 0 < p50 <= p99 >= mean:
+                    fail(f"{' '.join(cmd)}: {name} of {r['bytes']} B: mean {mean}, p50 {p50}, p99 {p99}")
+        with open(path + ".csv") as f:
+            rows = list(csv.DictReader(f))
+        for r in rows:
+            if not (r["oop_p50_us"] and r["oop_p99_us"] and r["mpi_p50_us"] and r["mpi_p99_us"]):
+                fail(f"{' '.join(cmd)}: CSV row without per-call figures: {r}")
+    # Without --per-call: no columns, null and empty fields.
+    path = os.path.join(tmp, "no-per-call")
+    cmd = [MPIEXEC, "-n", "2", PERF, "all_reduce", "-b", "4K", "-e", "4K", "-n", "2", "-w", "1", "--json",
+           path + ".json", "--csv", path + ".csv", "--no-roofline"]
+    rc, out, err = run(cmd)
+    if rc != 0 or "p50" in out:
+        fail(f"{' '.join(cmd)}: exit {rc}, or p50 columns without --per-call\n{out[-2000:]}\n{err[-2000:]}")
+    else:
+        with open(path + ".json") as f:
+            row = json.load(f)["rows"][0]
+        with open(path + ".csv") as f:
+            crow = list(csv.DictReader(f))[0]
+        if row["out_of_place"]["p50_us"] is not None or crow["oop_p50_us"] != "":
+            fail(f"{' '.join(cmd)}: per-call figures without --per-call: {row}, {crow}")
+
+
 def check_errors():
     cases = [
         (["all_reduce", "-d", "f32,f33"], "unknown data type: f33"),
@@ -155,6 +212,7 @@ def check_errors():
         (["no_such_collective"], "unknown collective: no_such_collective"),
         (["all_reduce", "--bogus"], "unknown option: --bogus"),
         (["all_reduce", "-R", "3"], "bad value for -R (0, 1 or 2): 3"),
+        (["all_reduce", "--per-call", "--compressor", "bf16"], "--per-call times the tables' calls"),
     ]
     for args, text in cases:
         rc, out, err = run([MPIEXEC, "-n", "2", PERF] + args + ["--no-mpi"])
@@ -219,6 +277,7 @@ with tempfile.TemporaryDirectory() as tmp:
             check_sweep(tmp, coll, ranks)
     check_buffer_kinds(tmp)
     check_touch(tmp)
+    check_per_call(tmp)
     check_tables(tmp)
 
 if failures:
