@@ -54,10 +54,11 @@ mkdir -p "$results"
 # Each call's time too (--per-call: the median and 99th percentile beside
 # the mean): with more ranks than cores a few calls that wait a scheduler
 # slice move a mean of 20 calls, and the median shows the typical call.
-# --compressor times other tables, without it.
-per_call=(--per-call)
-[[ " $* " == *" --compressor"* ]] && per_call=()
-"$launcher" "${bind[@]}" -n "$ranks" "$build/bench/cclz-perf" "$coll" "${per_call[@]}" --csv "$results/$coll.csv" "$@" </dev/null
+# --compressor prints tables of its own instead, with no rows to save or
+# draw.
+table_args=(--per-call --csv "$results/$coll.csv")
+[[ " $* " == *" --compressor"* ]] && table_args=()
+"$launcher" "${bind[@]}" -n "$ranks" "$build/bench/cclz-perf" "$coll" "${table_args[@]}" "$@" </dev/null
 if [[ -s $results/$coll.csv ]]; then
   bind_flag=()
   (( ${#bind[@]} > 0 )) && bind_flag=(--bind)

@@ -123,8 +123,9 @@ Options (as nccl-tests unless marked cclz):
       --per-call          cclz: also time each call on its own and print the
                           median (p50) and 99th percentile (p99) of the
                           slowest rank's time per call, for cclz out of
-                          place and in place and for MPI (with fewer than
-                          100 calls p99 is the slowest call)
+                          place and for MPI (--json and --csv: in place
+                          too); with fewer than 100 calls p99 is the
+                          slowest call
       --json FILE         cclz: also write every row as JSON (rank 0)
       --csv FILE          cclz: also write every row as CSV (rank 0)
       --no-mpi            cclz: skip the MPI baseline columns
