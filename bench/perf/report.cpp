@@ -13,13 +13,7 @@ namespace {
 
 constexpr double kGB = 1e9;
 
-std::string fmt_time(const Measure& m) {
-  if (!m.valid) return "n/a";
-  char b[32];
-  std::snprintf(b, sizeof b, m.time_us < 1e6 ? "%.2f" : "%.0f", m.time_us);
-  return b;
-}
-// A --per-call figure in microseconds.
+// One of m's times in microseconds (a negative one was not measured).
 std::string fmt_us(const Measure& m, double us) {
   if (!m.valid || us < 0) return "n/a";
   char b[32];
@@ -170,7 +164,7 @@ void print_row(std::FILE* f, const RunInfo& i, const Row& r) {
     return;
   }
   for (const Measure* m : {&r.oop, &r.ip}) {
-    std::fprintf(f, "  %10s  %8s  %8s  %6s", fmt_time(*m).c_str(), fmt_bw(*m, m->algbw).c_str(),
+    std::fprintf(f, "  %10s  %8s  %8s  %6s", fmt_us(*m, m->time_us).c_str(), fmt_bw(*m, m->algbw).c_str(),
                  fmt_bw(*m, m->busbw).c_str(), fmt_wrong(*m).c_str());
   }
   std::fprintf(f, "  %14s", r.algo.c_str());
@@ -181,7 +175,7 @@ void print_row(std::FILE* f, const RunInfo& i, const Row& r) {
       std::snprintf(b, sizeof b, "%.2f", r.oop.busbw / r.mpi.busbw);
       ratio = b;
     }
-    std::fprintf(f, "  %10s  %8s  %8s", fmt_time(r.mpi).c_str(), fmt_bw(r.mpi, r.mpi.busbw).c_str(), ratio.c_str());
+    std::fprintf(f, "  %10s  %8s  %8s", fmt_us(r.mpi, r.mpi.time_us).c_str(), fmt_bw(r.mpi, r.mpi.busbw).c_str(), ratio.c_str());
   }
   if (i.roof) {
     if (r.has_roof && r.oop.valid && r.roof_busbw > 0) {

@@ -16,7 +16,8 @@
 4. --touch (buffers touched between calls): said in the header and the
    JSON, and the timed calls' output is exact.
 5. --per-call: the median and 99th percentile of the slowest rank's time
-   per call, in the table, the JSON and the CSV. With one timed call both
+   per call, in the table, the JSON and the CSV, calls back to back and
+   with --touch. With one timed call both
    are that call, which is also the mean: all three must be equal; with
    more calls p50 <= p99, and p99 (the slowest call, under 100 calls) is
    at least the mean of the slowest rank. Without it the fields are
@@ -151,10 +152,11 @@ def check_touch(tmp):
 def check_per_call(tmp):
     """--per-call: p50/p99 columns, JSON and CSV fields, consistent with the
     mean; absent without it."""
-    for coll, iters in (("all_reduce", "1"), ("all_to_all", "1"), ("all_reduce", "12")):
-        path = os.path.join(tmp, f"{coll}-{iters}-per-call")
+    for coll, iters, touch in (("all_reduce", "1", []), ("all_to_all", "1", []), ("all_reduce", "12", []),
+                               ("all_reduce", "1", ["--touch"])):
+        path = os.path.join(tmp, f"{coll}-{iters}-{len(touch)}-per-call")
         cmd = [MPIEXEC, "-n", "3", PERF, coll, "-c", "1", "-b", "4K", "-e", "256K", "-f", "8", "-n", iters, "-w", "1",
-               "--per-call", "--json", path + ".json", "--csv", path + ".csv", "--no-roofline"]
+               "--per-call", "--json", path + ".json", "--csv", path + ".csv", "--no-roofline"] + touch
         rc, out, err = run(cmd)
         if rc != 0 or "# --per-call: p50, p99 = median and 99th percentile" not in out:
             fail(f"{' '.join(cmd)}: exit {rc}, header without --per-call\n{out[-2000:]}\n{err[-2000:]}")
