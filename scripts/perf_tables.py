@@ -19,8 +19,9 @@ of them in turn, so that a change in the host falls on all alike. Output:
 one markdown table per (buffers, algorithm, type), with time, busbw,
 in-place busbw, the MPI baseline, the ratio and the share of the memory
 roofline (marked * where the working set fits in the last-level cache and
-the roofline does not bind), headed by the range of the two-copier
-bandwidth the runs measured.
+the roofline does not bind), and for runs made with cclz-perf --per-call
+the median call's time of cclz and of MPI, headed by the range of the
+two-copier bandwidth the runs measured.
 
 --plot FILE.png also draws the bandwidth curves: bus bandwidth against size
 (log scale), one panel per buffer kind, a line per series (algorithm, type
@@ -278,11 +279,13 @@ def main():
     bw_note = f"; two copiers {min(copy_bw):.1f}-{max(copy_bw):.1f} GB/s" if copy_bw else ""
     for (kind, requested, dtype, op), keys in tables.items():
         op_text = "" if op == "none" else f" {op}"
+        # Runs made with cclz-perf --per-call: the median call beside the mean.
+        per_call = any(num(r, "oop_p50_us") is not None for k in keys for r in groups[k])
         print(f"\n**{args.collective}, {args.ranks} ranks, {dtype}{op_text}, algorithm: {requested}, {kind} buffers** "
               f"(median of {runs_text(args.runs)}{', ranks bound to cores' if args.bind else ''}{bw_note})\n")
         print("| size (B) | time (us) | busbw (GB/s) | in-place busbw | algo | MPI time (us) | MPI busbw | "
-              "cclz/MPI | %roof |")
-        print("|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+              "cclz/MPI | %roof |" + (" p50 (us) | MPI p50 (us) |" if per_call else ""))
+        print("|---:|---:|---:|---:|---|---:|---:|---:|---:|" + ("---:|---:|" if per_call else ""))
         for key in keys:
             rows = groups[key]
             t = median([num(r, "oop_time_us") for r in rows])
@@ -296,9 +299,13 @@ def main():
                      if num(r, "oop_busbw_gbs") and num(r, "roof_busbw_gbs")]
             algo = rows[-1]["algo"]
             cached = "*" if rows[-1].get("roof_cached") == "1" else ""
+            p50 = ""
+            if per_call:
+                p50 = (f" {fmt(median([num(r, 'oop_p50_us') for r in rows]), '.2f')} |"
+                       f" {fmt(median([num(r, 'mpi_p50_us') for r in rows]), '.2f')} |")
             print(f"| {key[4]} | {fmt(t, '.2f')} | {fmt(bw, '.2f')} | {fmt(ip, '.2f')} | {algo} | "
                   f"{fmt(mt, '.2f')} | {fmt(mbw, '.2f')} | {fmt(median(ratios), '.2f')} | "
-                  f"{fmt(median(roofs), '.0f') + '%' + cached if roofs else '-'} |")
+                  f"{fmt(median(roofs), '.0f') + '%' + cached if roofs else '-'} |{p50}")
 
     if args.plot:
         plot(args.plot, args, groups, order, bw_note)

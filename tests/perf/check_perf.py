@@ -24,7 +24,8 @@
    empty.
 6. perf_tables.py --plot: the markdown tables (headed by the copy
    bandwidth cclz-perf measured) and a PNG of the curves, from its own runs
-   and from a CSV of step 1 (--from-csv, as scripts/main.sh).
+   and from a CSV of step 1 (--from-csv, as scripts/main.sh); from a CSV of
+   step 5, the median call's columns.
 Every command is bounded in time; every failure is reported, then the test
 exits 1 if there was any.
 """
@@ -267,6 +268,13 @@ def check_tables(tmp):
             if head not in out:
                 fail(f"perf_tables --from-csv: no table headed {head!r} in:\n{out}")
     check_png(png, "perf_tables --from-csv --plot")
+    # A --per-call run's CSV (check_per_call): the median call's columns too.
+    cmd = [TABLES, "--from-csv", os.path.join(tmp, "all_reduce-12-0-per-call.csv"), "--ranks", "3", "all_reduce"]
+    rc, out, err = run(cmd)
+    rows = [ln.split("|") for ln in out.splitlines() if ln.startswith("| 4096 |")]
+    if rc != 0 or "| p50 (us) | MPI p50 (us) |" not in out or len(rows) != 1 or not all(
+            float(c) > 0 for c in rows[0][-3:-1]):
+        fail(f"{' '.join(cmd)}: exit {rc}, want p50 columns with figures:\n{out}\n{err[-500:]}")
     rc, out, err = run([TABLES, "--from-csv", os.path.join(tmp, "reduce-3.csv"), "all_gather"])
     if rc == 0 or "is not a all_gather run" not in err:
         fail(f"perf_tables --from-csv of a reduce run as all_gather: exit {rc}, stderr {err[-500:]!r}")
