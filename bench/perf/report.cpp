@@ -175,7 +175,8 @@ void print_row(std::FILE* f, const RunInfo& i, const Row& r) {
       std::snprintf(b, sizeof b, "%.2f", r.oop.busbw / r.mpi.busbw);
       ratio = b;
     }
-    std::fprintf(f, "  %10s  %8s  %8s", fmt_us(r.mpi, r.mpi.time_us).c_str(), fmt_bw(r.mpi, r.mpi.busbw).c_str(), ratio.c_str());
+    std::fprintf(f, "  %10s  %8s  %8s", fmt_us(r.mpi, r.mpi.time_us).c_str(), fmt_bw(r.mpi, r.mpi.busbw).c_str(),
+                 ratio.c_str());
   }
   if (i.roof) {
     if (r.has_roof && r.oop.valid && r.roof_busbw > 0) {
@@ -185,10 +186,11 @@ void print_row(std::FILE* f, const RunInfo& i, const Row& r) {
     }
   }
   if (i.per_call) {
-    for (const Measure* m : {&r.oop, &r.mpi}) {
-      if (m == &r.mpi && !i.mpi) break;
-      std::fprintf(f, "  %10s  %10s", fmt_us(*m, m->p50_us).c_str(), fmt_us(*m, m->p99_us).c_str());
-    }
+    auto per_call = [&](const Measure& m) {
+      std::fprintf(f, "  %10s  %10s", fmt_us(m, m.p50_us).c_str(), fmt_us(m, m.p99_us).c_str());
+    };
+    per_call(r.oop);
+    if (i.mpi) per_call(r.mpi);
   }
   std::fprintf(f, "\n");
   std::fflush(f);
