@@ -83,7 +83,7 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 // cross-memory attach, for the collectives that support it: one copy in the
 // kernel per byte that crosses, against two through a slot. Below it the
 // staged path is as fast or faster. With a rank per core the floors were
-// first set at 32-128 KiB (docs/performance.md, "Cross-memory attach from
+// first set at 32-128 KiB (docs/performance-log.md, "Cross-memory attach from
 // 32-128 KiB"), when staged calls still paid for their slots' first
 // writes. Once those were paid at setup (touch_pages), the staged calls
 // won below 512 KiB for the all-gather, all-to-all, broadcast and
@@ -102,7 +102,7 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 // slots ran the all-reduce, reduce-scatter and all-gather as fast or
 // faster at every size the kernel took (4 ranks: all-reduce of 1-8 MB
 // 0.59-0.80x the kernel's time out of place, reduce-scatter 0.41-0.61x,
-// all-gather of 2 MB 0.51-0.54x; docs/performance.md, "More ranks than
+// all-gather of 2 MB 0.51-0.54x; docs/performance-log.md, "More ranks than
 // cores: the slots"), while the all-to-all's results were mixed (1 MB
 // 0.76-0.83x on 3 and 4 ranks, 1.33x on 8).
 constexpr std::uint64_t kCmaNever = ~std::uint64_t{0};
@@ -237,7 +237,7 @@ class DirectHistory {
 // one period, while in the host's slow periods the staged calls of 256
 // KB-4 MB take 3.5-6x as long and the kernel's copy does not move; the
 // all-gather of 2 MB 122 against 508 us, the all-reduce 288 against 180
-// (docs/performance.md). With CCLZ_SHM_CMA=auto, local rank 0 times its
+// (docs/performance-log.md). With CCLZ_SHM_CMA=auto, local rank 0 times its
 // calls that could go through cross-memory attach per band
 // (MeasuredChoice: the kernel first) and offers it only while it is the
 // faster way for the band. Its offer is one of the agreement's bits, so
@@ -254,7 +254,7 @@ enum class HeapPath : int { cma = 0, staged = 1 };
 // staged calls it takes 5-10 calls to come back to speed (on the AMD test
 // host, 4x slow at first), longer than a trial, so measuring kept the
 // slower way for dozens of calls (the all-reduce of 256 KB out of place
-// took 1.2-1.5x as long measured; docs/performance.md).
+// took 1.2-1.5x as long measured; docs/performance-log.md).
 constexpr std::uint64_t kCmaMeasuredMinBytes = std::uint64_t{512} << 10;
 
 // Rank 0's chooser, kept in its window.
@@ -313,7 +313,7 @@ Status timing_heap_path(Group& g, const CollArgs& a) {
 // inside the fence, once this rank is done with the peers' buffers (both
 // there where the agreement did not run half 0). Not run when direct()
 // fails. (2 bound ranks, heap buffers, all-to-all: 64 KB 4.66 -> 4.34 us,
-// 256 KB 11.15 -> 10.72 us; docs/performance.md.)
+// 256 KB 11.15 -> 10.72 us; docs/performance-log.md.)
 // An error from direct() (a peer's buffer cross-memory attach could not
 // reach) still waits for the fence, so that no peer is left waiting.
 template <class Direct, class Own = NoOwnCopy>

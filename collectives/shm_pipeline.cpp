@@ -31,7 +31,7 @@ namespace {
 // core has in flight, not by the memory: a copy that walks kStreams pages
 // side by side, a line from each in turn, keeps the prefetchers of several
 // pages busy at once. One core copying 256 MB with SSE loops
-// (docs/performance.md, "Copies four pages at a time"): with streaming
+// (docs/performance-log.md, "Copies four pages at a time"): with streaming
 // stores 8.8 -> 11.8 GB/s (glibc's memcpy 10.2-11.7); into a 256 KiB slot
 // in the cache 9.7 -> 14.4, about what glibc's `rep movsb` does there.
 constexpr std::size_t kPage = 4096;
@@ -131,7 +131,7 @@ namespace {
 // write-combining buffers, more than it holds, each flushed in pieces
 // (buffers 16 bytes past a line, as malloc's large blocks are, 2 bound
 // ranks: all-gather 16 MB 1.55-1.67 -> 1.31-1.40 ms, all-to-all 64 MB
-// 11.2 -> 9.4-9.7 ms; docs/performance.md).
+// 11.2 -> 9.4-9.7 ms; docs/performance-log.md).
 template <bool kToSlot, bool kSlotStreamed = false>
 void stream_out(std::byte* slot, std::byte* out, const std::byte* src, std::size_t n) noexcept {
 #if defined(__x86_64__)

@@ -1412,14 +1412,14 @@ CCLZ_INLINE void many_any(void* dst, void* copy, const void* const* srcs, std::s
 // are plain loops; f16 and bf16 go through their policy's `scale`, the
 // reduce's vector conversions around one multiply or divide (the plain
 // loop at the baseline ran 2.4 (f16) and 8.3 (bf16) GB/s in the cache,
-// `scale` with avx512fp16 92 and 64; docs/performance.md). Integer
+// `scale` with avx512fp16 92 and 64; docs/performance-log.md). Integer
 // division has no SIMD form on x86.
 //
 // A power of two divides as a multiplication by its reciprocal: x / 2^k and
 // x * 2^-k are the same real number, rounded once either way, so the bits
 // agree (subnormal results, infinities and NaNs included), and the loop
 // runs at the multiplier's throughput instead of the divider's (avg of 2
-// bound ranks, 1 MB: 190 us against 76 for sum; docs/performance.md).
+// bound ranks, 1 MB: 190 us against 76 for sum; docs/performance-log.md).
 CCLZ_INLINE bool power_of_two(int divisor) noexcept {
   return divisor > 0 && std::has_single_bit(static_cast<unsigned>(divisor));
 }

@@ -84,7 +84,7 @@ const CacheSizes& host_cache_sizes();
 // call (3 runs each, before -> after): 4 ranks 4 KB 28-36 -> 17-27 us, the
 // slowest round 652-667 -> 22-121 us; 8 ranks 4 KB 178-217 -> 78-82 us.
 // It costs where a few more yields would have done: 4 ranks, 64 KB
-// 78-93 -> 89-106 us (docs/performance.md).
+// 78-93 -> 89-106 us (docs/performance-log.md, "Waits that stop yielding").
 class YieldWatch {
  public:
   static constexpr std::chrono::nanoseconds kEmpty{1000};

@@ -8,7 +8,7 @@
 // virtual machine that changes with where the host places the vCPUs. On 2
 // bound ranks of this project's test host a 16 KB call took 2.72 us (one)
 // against 1.57 us (two) in one period and 4.34-4.67 against 5.35-5.77 us in
-// another (docs/performance.md). So calls between kOneUpTo and kChooseUpTo
+// another (docs/performance-log.md). So calls between kOneUpTo and kChooseUpTo
 // bytes per peer are timed on local rank 0, per size band, and each band
 // runs the protocol whose recent times are lower, trying the other one
 // every kExplore-th call to notice when the machine changes.

@@ -37,7 +37,7 @@
 // while it is in the cache, before anyone copies it: kernels::divide on the
 // sum, so the same bits as dividing every rank's whole output afterwards,
 // which as one more pass over the output cost an avg 1.3-1.7x a sum's time
-// from 1 MB (2 ranks; docs/performance.md).
+// from 1 MB (2 ranks; docs/performance-log.md, "avg: a power of two multiplies").
 //
 // Cost: 2 (one hand-off) or 3 stages per chunk, chunks = bytes / chunk (a
 // slot or less, shm::chunk_bytes);
