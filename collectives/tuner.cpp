@@ -31,25 +31,20 @@ struct Rule {
   std::size_t max_bytes;
   int min_ranks;          // and the group has at least this many ranks
   bool multi_node;        // and (if set) >1 node, uniform, >1 rank per node
-  bool cores_to_spare = false;  // and (if set) no node-local window whose
-                                // ranks outnumber the host's cores
 };
 
 constexpr Rule kRules[] = {
-    // A broadcast of up to 8 KiB: a binomial tree of the transport's eager
-    // messages beat the window's two stages on one node too (2 bound ranks:
-    // 0.47-0.77 against 0.45-1.20 us at 256 B-4 KiB). From 16 KiB the
-    // transport goes rendezvous and the window wins (2.1-2.3 against
-    // 6.2-6.6 us). With more ranks than cores the window is ahead (3-8
-    // ranks on 2 cores, 1-8 KiB: 1.5-16.7 against 2.1-27.9 us).
-    {CollKind::broadcast, "binomial", 0, 8 * KiB, 2, false, true},
-    // A reduce of up to 8 KiB likewise (2 bound ranks: 0.54-1.00 against
-    // 0.64-1.21 us at 1-8 KiB; 3-8 ranks on 2 cores the window ahead).
-    {CollKind::reduce, "binomial", 0, 8 * KiB, 2, false, true},
     // One node: the shared-memory window beats any message schedule (no
     // transport copies; reductions read the peers' data in the shared
     // cache). Its algorithms support() only groups that are exactly the
-    // ranks sharing a window.
+    // ranks sharing a window. That holds for the smallest broadcasts and
+    // reduces too with a core per rank (2 bound ranks, 256 B-8 KiB, medians
+    // of 5 interleaved runs: the transport's binomial tree took 1.09-1.30x
+    // the window's time for a broadcast, 0.95-1.41x for a reduce). With
+    // more ranks than cores neither is ahead: 3-8 ranks on 2 cores, the
+    // tree's mean time for a broadcast was 0.43-1.08x the window's at 1-8
+    // KiB in runs of each algorithm alone, 0.50-2.12x at 4 KiB in `-A all`
+    // runs that alternate them (docs/performance.md, "The tuner's table").
     {CollKind::all_reduce, "shm", 0, kAny, 2, false},
     {CollKind::reduce_scatter, "shm", 0, kAny, 2, false},
     {CollKind::all_gather, "shm", 0, kAny, 2, false},
@@ -112,10 +107,9 @@ const AlgorithmDesc* tune(const Group& g, const CollArgs& a) noexcept {
   const std::size_t bytes = cost_bytes(g, a);
   const bool several_nodes =
       g.num_nodes() > 1 && g.nodes_uniform() && g.size() / g.num_nodes() > 1;
-  const bool crowded = g.shm() != nullptr && g.shm()->oversubscribed();
   for (const Rule& r : kRules) {
     if (r.kind != a.kind || bytes < r.min_bytes || bytes > r.max_bytes || g.size() < r.min_ranks) continue;
-    if ((r.multi_node && !several_nodes) || (r.cores_to_spare && crowded)) continue;
+    if (r.multi_node && !several_nodes) continue;
     const AlgorithmDesc* d = find_algorithm(a.kind, r.algorithm);
     if (usable(d, g, a)) return d;
   }

@@ -945,10 +945,10 @@ TEST(AllReduceTuner, AllReduceChoicesFollowSizeAndTopology) {
   EXPECT_NE(pick({0, 1, 2, 3}, 64 << 20), "hierarchical");  // one rank per node: nothing to save
 }
 
-// Small broadcasts and reduces on one node take the transport's binomial
-// tree while the ranks fit on the cores and the window when they outnumber
-// them (where the window's waits hand the core over instead of sleeping).
-TEST(AllReduceTuner, SmallTreesOnlyWhenRanksFitTheCores) {
+// Broadcasts and reduces of a group that shares a window take the window
+// at every size, whether or not its ranks outnumber the cores; without a
+// window, the transport's binomial tree up to 256 KiB and the chain above.
+TEST(AllReduceTuner, BroadcastAndReduceTakeTheWindowOnOneNode) {
   auto fabric = std::make_shared<testing::ThreadFabric>(4);
   testing::ThreadTransport t(fabric, 0);
   ScratchPool pool;
@@ -958,26 +958,29 @@ TEST(AllReduceTuner, SmallTreesOnlyWhenRanksFitTheCores) {
     ASSERT_TRUE(detail::ShmWindow::create_anonymous(geo, &seg).ok());
     std::vector<int> members(static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i) members[static_cast<std::size_t>(i)] = i;
-    for (const bool crowded : {false, true}) {
-      detail::ShmWindow w(seg, members, 0, crowded);
-      Group g = make_group(t, flat_nodes(n), 1, pool);
-      g.attach_shm(&w);
-      ASSERT_EQ(g.shm(), &w);
-      for (const CollKind kind : {CollKind::broadcast, CollKind::reduce}) {
-        auto pick = [&](std::size_t bytes) {
-          CollArgs a;
-          a.kind = kind;
-          a.count = bytes / 4;
-          a.dt = DataType::f32;
-          return std::string(coll::tune(g, a)->name);
-        };
-        const std::string at = std::string(coll::coll_name(kind)) + " n=" + std::to_string(n) +
-                               (crowded ? " crowded" : "");
-        const std::string tiny = crowded ? "shm" : "binomial";
-        EXPECT_EQ(pick(4), tiny) << at;
-        EXPECT_EQ(pick(8 << 10), tiny) << at;
-        EXPECT_EQ(pick(16 << 10), "shm") << at;
-        EXPECT_EQ(pick(64 << 20), "shm") << at;
+    for (const CollKind kind : {CollKind::broadcast, CollKind::reduce}) {
+      const std::string name(coll::coll_name(kind));
+      auto pick = [&](const Group& g, std::size_t bytes) {
+        CollArgs a;
+        a.kind = kind;
+        a.count = bytes / 4;
+        a.dt = DataType::f32;
+        return std::string(coll::tune(g, a)->name);
+      };
+      const Group bare = make_group(t, flat_nodes(n), 1, pool);
+      EXPECT_EQ(pick(bare, 4), "binomial") << name << " n=" << n;
+      EXPECT_EQ(pick(bare, 256 << 10), "binomial") << name << " n=" << n;
+      EXPECT_EQ(pick(bare, 1 << 20), "chain") << name << " n=" << n;
+      for (const bool crowded : {false, true}) {
+        detail::ShmWindow w(seg, members, 0, crowded);
+        Group g = make_group(t, flat_nodes(n), 1, pool);
+        g.attach_shm(&w);
+        ASSERT_EQ(g.shm(), &w);
+        const std::string at = name + " n=" + std::to_string(n) + (crowded ? " crowded" : "");
+        for (const std::size_t bytes : {std::size_t{4}, std::size_t{8} << 10, std::size_t{16} << 10,
+                                        std::size_t{64} << 20}) {
+          EXPECT_EQ(pick(g, bytes), "shm") << at << " bytes=" << bytes;
+        }
       }
     }
   }
