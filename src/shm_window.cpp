@@ -43,7 +43,8 @@ constexpr std::size_t kSlotPad = 4096;
 // 16, 64-byte aligned ones at 64), and a slot 48 bytes past its source (the
 // first slot here was at 64) made copies into it stall: 2 bound ranks,
 // std::vector buffers, 4 MB all-to-all 226-269 -> 186-190 us,
-// reduce-scatter 221-231 -> 164-166 us (docs/performance-log.md, "Slots off the start of a page").
+// reduce-scatter 221-231 -> 164-166 us (docs/performance-log.md, "Slots
+// off the start of a page").
 constexpr std::size_t slot_page_offset(std::size_t idx) { return (idx * 7 % 63 + 4) * kLine; }
 static_assert(slot_page_offset(0) >= 256 && slot_page_offset(8) + 256 <= kPage, "slots keep off page starts");
 
