@@ -224,7 +224,7 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 
 Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void* send, std::size_t send_bytes,
                     const void* recv, std::size_t recv_bytes, bool cma_ok, bool* direct, PeerBuffers* out,
-                    const std::function<void()>& while_waiting) {
+                    std::uint64_t* chunk, const std::function<void()>& while_waiting) {
   detail::ShmWindow& w = *g.shm();
   constexpr auto K = static_cast<std::uint64_t>(detail::ShmWindow::kStages);
   const int n = g.size(), me = g.rank();
@@ -257,6 +257,7 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
   // satisfies the others' wait, so heap buffers below cma_min_bytes cost no
   // hand-off. The others wait, read every rank's bits and decide alike.
   const std::uint64_t G = w.next_chunk();
+  *chunk = G;
   const auto slots = static_cast<std::uint64_t>(w.slots());
   if (G >= slots) {
     if (Status st = w.wait({}, K * (G - slots + 1), g.deadline(), idle, "direct-path agreement"); !st.ok()) return st;

@@ -21,11 +21,11 @@
 //     go through cross-memory attach instead (process_vm_readv/writev on
 //     the peers' own addresses): each rank offers it for calls of
 //     cma_min_bytes() and more while cma_out_of_place() (the all-reduce in
-//     place at any size), rank 0 from kCmaMeasuredMinBytes only
-//     while it measures it the faster way (HeapPath below), when the
-//     others offer it at any size; if every rank offers it, a first call
-//     reads a byte of each peer's buffer and the ranks confirm in one
-//     hand-off (a kernel that refuses ends this rank's offers for good).
+//     place at any size), and where rank 0 measures the way (HeapPath
+//     below) only for the calls it picked it for; if every rank offers
+//     it, a first call reads a byte of each peer's buffer and the ranks
+//     confirm in one hand-off (a kernel that refuses ends this rank's
+//     offers for good).
 // The collective then runs on the peers' buffers and ends with fence(): a
 // rank returns only after every peer is done with its buffers, since the
 // caller may reuse them at once.
@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <type_traits>
 #include <vector>
 
@@ -87,12 +88,21 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 // 32-128 KiB"), when staged calls still paid for their slots' first
 // writes. Once those were paid at setup (touch_pages), the staged calls
 // won below 512 KiB for the all-gather, all-to-all, broadcast and
-// reduce-scatter (128 and 256 KiB: 1.1-2.3x faster than through the
-// kernel, 1.05-1.4x faster than measuring the way), and below 128 KiB for
-// the all-reduce and reduce, which the kernel's way beats from 128-256 KiB
-// (AMD host: all-reduce of 32 KiB 6.8 against 15.1 us, 256 KiB 40.1
-// against 36.1; "The all-reduce and reduce staged under 128 KiB",
-// "Every heap call under 512 KiB staged but the reductions'").
+// reduce-scatter in the usual state of the host (128 and 256 KiB: 1.1-2.3x
+// faster than through the kernel, 1.05-1.4x faster than measuring the way
+// as it was then), and below 128 KiB for the all-reduce and reduce, which
+// the kernel's way beats from 128-256 KiB (AMD host: all-reduce of 32 KiB
+// 6.8 against 15.1 us, 256 KiB 40.1 against 36.1; "The all-reduce and
+// reduce staged under 128 KiB", "Every heap call under 512 KiB staged but
+// the reductions'"). But in the host's slow periods the staged calls take
+// 3-5x as long and the kernel's copy does not slow down (2 bound ranks,
+// all-to-all of 32, 64, 128 and 256 KiB: 9.4, 17.5, 34 and 64 us staged
+// against 5.6, 7.0, 9.6 and 15 through the kernel and MPI's 8.4-15.5), and
+// on other days the kernel's way won at 128 KiB (8.4 against 10.4 us, MPI
+// 8.5). Since rank 0 measures these calls without costing the staged ones
+// a hand-off (HeapPathPlan), the four go through the kernel, measured,
+// from 32 KiB again (where the window lets them try the direct path:
+// direct_probe_min_bytes()).
 // Where the node's ranks outnumber its cores, each of a direct call's three
 // hand-offs may wait for the scheduler, and only the all-to-all goes
 // through the kernel, from 512 KiB. The floors set for the others (1 MiB
@@ -111,7 +121,7 @@ constexpr std::uint64_t cma_min_bytes(CollKind kind, bool oversubscribed) noexce
     switch (kind) {
       case CollKind::all_reduce:
       case CollKind::reduce: return std::uint64_t{128} << 10;
-      default: return std::uint64_t{512} << 10;
+      default: return std::uint64_t{32} << 10;
     }
   }
   return kind == CollKind::all_to_all ? std::uint64_t{512} << 10 : kCmaNever;
@@ -145,13 +155,15 @@ inline bool cma_out_of_place(const Group& g, std::size_t in_bytes, std::size_t o
 // `send_bytes`/`recv_bytes` are this rank's buffer sizes; `cma_ok`: the
 // collective can run on PeerBuffers reached through cross-memory attach.
 // Sets *direct and, when true, *out (mapped when every rank's buffers can
-// be, else cma). `while_waiting`, if set, runs when this rank, whose buffers
-// the peers cannot map, has offered cross-memory attach and is about to wait
-// for their answers. Errors: only the window's (a peer failed or the call
+// be, else cma) and *chunk to the window chunk of the agreement (each rank
+// publishes it at once, or once it has read its peers' words).
+// `while_waiting`, if set, runs when this rank, whose buffers the peers
+// cannot map, has offered cross-memory attach and is about to wait for
+// their answers. Errors: only the window's (a peer failed or the call
 // disagrees), after which the communicator is poisoned as usual.
 Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void* send, std::size_t send_bytes,
                     const void* recv, std::size_t recv_bytes, bool cma_ok, bool* direct, PeerBuffers* out,
-                    const std::function<void()>& while_waiting = {});
+                    std::uint64_t* chunk, const std::function<void()>& while_waiting = {});
 
 // Returns once every rank of the window has finished the direct call (so no
 // peer reads or writes this rank's buffers any more). local() runs after this
@@ -239,11 +251,11 @@ class DirectHistory {
 // all-gather of 2 MB 122 against 508 us, the all-reduce 288 against 180
 // (docs/performance-log.md). With CCLZ_SHM_CMA=auto, local rank 0 times its
 // calls that could go through cross-memory attach per band
-// (MeasuredChoice: the kernel first) and offers it only while it is the
-// faster way for the band. Its offer is one of the agreement's bits, so
-// every rank follows it with no exchange of its own. Both ways give the
-// same bits. Where the ranks outnumber the cores, a call's time is the
-// scheduler's more than the way's (4 ranks on the 2 cores: the same 16 KB
+// (MeasuredChoice: the kernel first) and picks it only while it is the
+// faster way for the band, one call ahead, which every rank follows
+// (HeapPathPlan). Both ways give the same bits. Where the ranks outnumber
+// the cores, a call's time is the scheduler's more than the way's (4 ranks
+// on the 2 cores: the same 16 KB
 // call took 9-156 us from run to run), and measured choices ran 2-17%
 // slower at 16 MB than the kernel's way alone: there every call that can
 // goes through cross-memory attach, as with CCLZ_SHM_CMA=1.
@@ -257,11 +269,46 @@ enum class HeapPath : int { cma = 0, staged = 1 };
 // took 1.2-1.5x as long measured; docs/performance-log.md).
 constexpr std::uint64_t kCmaMeasuredMinBytes = std::uint64_t{512} << 10;
 
+// Whether rank 0 measures the way of a call whose largest buffer is
+// `bytes` (from cma_min_bytes() up): the all-reduce and reduce from
+// kCmaMeasuredMinBytes, the others at every size.
+constexpr bool cma_measured(CollKind kind, std::uint64_t bytes) noexcept {
+  return bytes >= kCmaMeasuredMinBytes || (kind != CollKind::all_reduce && kind != CollKind::reduce);
+}
+
 // Rank 0's chooser, kept in its window.
 using HeapPathChooser = MeasuredChoice<HeapPath>;
 
+// Where rank 0 measures, every rank offers cross-memory attach for a call
+// only when rank 0 picked it for that call, one call of the band ahead:
+// rank 0 picks the band's next way at the start of each call and writes it
+// to its way word (ShmWindow::set_way_word) before its part of the
+// agreement; the others read it at the end of the call, once rank 0 has
+// published that part (timing_heap_path). So the ranks offer alike: a
+// staged call's agreement costs no hand-off (no rank offers, and each
+// knows the answer), and a call through the kernel copies half of its own
+// block while it waits. Before, the others offered in every call and
+// waited for rank 0's word: staged calls of 64-256 KB paid 1-5 us for it
+// (2 bound ranks, all-to-all of 256 KB: 16.7-19.0 us against 15.3-16.5
+// with no agreement). A word the others miss (overwritten when rank 0 ran
+// kWayWords calls ahead) leaves them staged, and a call is staged as soon
+// as one rank does not offer: a slower way for a call, never a mismatch.
+// Each rank's plan, by HeapPathChooser::band; staged until rank 0 says
+// otherwise.
+class HeapPathPlan {
+ public:
+  bool cma(std::uint32_t band) const {
+    const auto it = cma_.find(band);
+    return it != cma_.end() && it->second;
+  }
+  void set(std::uint32_t band, bool cma) { cma_[band] = cma; }
+
+ private:
+  std::map<std::uint32_t, bool> cma_;
+};
+
 // One call's timing, on the stack of timing_heap_path: run_if_direct fills
-// it when rank 0 chose the call's way by measurement.
+// it when the call's way was planned (rank 0: and is to be recorded).
 // A staged call whose outputs are streamed also picks how it writes its
 // slots (SlotStoreCall), by measurement too. While those stores are being
 // measured the call's time does not stand for the staged way, and it is
@@ -269,28 +316,40 @@ using HeapPathChooser = MeasuredChoice<HeapPath>;
 // tried first took 7.4 and 8.9 ms where the staged way settles at 2.2-3.4,
 // and the chooser, seeing those, kept the kernel's way at 3.8-6.0 ms.
 struct HeapPathTiming {
-  HeapPathChooser* chooser = nullptr;  // set when the call is to be recorded
+  HeapPathPlan* plan = nullptr;        // set when the call's way was planned
+  HeapPathChooser* chooser = nullptr;  // rank 0: set when the call is to be recorded
   std::uint32_t band = 0;
+  std::uint64_t agreement = 0;  // the agreement's window chunk
   HeapPath path = HeapPath::cma;
   std::uint64_t bytes = 0;
   bool stores_measured = false;  // set by SlotStoreCall
 };
 
 // The registry's run() for a node-local collective whose heap calls may go
-// through cross-memory attach: Run, timed on local rank 0 where
-// CCLZ_SHM_CMA=auto lets it choose the way (a call that failed is not
-// recorded).
+// through cross-memory attach: Run, where CCLZ_SHM_CMA=auto lets rank 0
+// choose the way, timed there (a call that failed is not recorded), and
+// followed elsewhere by reading rank 0's word for the band's next call.
 template <Status (*Run)(Group&, const CollArgs&)>
 Status timing_heap_path(Group& g, const CollArgs& a) {
   detail::ShmWindow* w = g.shm();
-  if (w == nullptr || g.rank() != 0 || !w->cma_measured()) return Run(g, a);
+  if (w == nullptr || !w->cma_measured()) return Run(g, a);
   HeapPathTiming timing;
   g.set_heap_path_timing(&timing);
   const std::uint64_t start = ticks();
   Status st = Run(g, a);
   const std::uint64_t took = ticks() - start;
   g.set_heap_path_timing(nullptr);
-  if (st.ok() && timing.chooser != nullptr && timing.bytes != 0 && !timing.stores_measured) {
+  if (!st.ok() || timing.plan == nullptr) return st;
+  if (g.rank() != 0) {
+    // Rank 0 wrote its word before publishing its part of the agreement.
+    // Ranks that waited for rank 0 in the call have seen that; the others
+    // (a broadcast's or reduce's) wait for it here.
+    constexpr auto K = static_cast<std::uint64_t>(detail::ShmWindow::kStages);
+    const int rank0[1] = {0};
+    st = w->wait(rank0, K * timing.agreement + 1, g.deadline(), [&g] { g.progress_transport(); },
+                 "the heap path's plan");
+    if (st.ok()) timing.plan->set(timing.band, w->way_word(g.seq()) == 1);
+  } else if (timing.chooser != nullptr && timing.bytes != 0 && !timing.stores_measured) {
     timing.chooser->record(timing.band, timing.path, static_cast<double>(took) / static_cast<double>(timing.bytes));
     w->count_heap_path_timed(timing.path == HeapPath::staged);
   }
@@ -335,36 +394,43 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
   if (bytes < threshold && !cma_possible && !history.try_below_threshold()) return {};
   const auto sig = call_sig(g, a, a.count);
   bool offer_cma = cma_possible && allow_cma;
-  // Rank 0, CCLZ_SHM_CMA=auto, a core per rank:
-  const bool measurable = bytes >= kCmaMeasuredMinBytes;
-  HeapPathTiming* timing = offer_cma && measurable ? g.heap_path_timing() : nullptr;
+  // CCLZ_SHM_CMA=auto, a core per rank: the way rank 0 planned (HeapPathPlan).
+  HeapPathTiming* timing = offer_cma && cma_measured(a.kind, bytes) ? g.heap_path_timing() : nullptr;
   HeapPathChooser* chooser = nullptr;
   std::uint32_t band = 0;
   if (timing != nullptr) {
-    chooser = &w.local_state<HeapPathChooser>();
+    HeapPathPlan& plan = w.local_state<HeapPathPlan>();
     band = HeapPathChooser::band(sig.shape, a.sendbuf == a.recvbuf, bytes);
-    offer_cma = chooser->pick(band) == HeapPath::cma;
+    offer_cma = plan.cma(band);
+    timing->plan = &plan;
+    timing->band = band;
+    if (g.rank() == 0) {
+      chooser = &w.local_state<HeapPathChooser>();
+      const bool next_cma = chooser->pick(band) == HeapPath::cma;
+      w.set_way_word(g.seq(), next_cma);
+      plan.set(band, next_cma);
+    }
   }
   PeerBuffers pb;
+  std::uint64_t agreement = 0;
   w.count_direct_try();
   bool first_half_done = false;
-  // Where rank 0 picks the way by measurement, the others offer cross-memory
-  // attach not knowing whether rank 0 does; a call that then goes staged
-  // would copy their own block again, so they copy it after the agreement.
-  std::function<void()> while_waiting;
-  if (g.rank() == 0 || !w.cma_measured() || !measurable) {
-    while_waiting = [&] {
-      own(0);
-      first_half_done = true;
-    };
-  }
+  const std::function<void()> while_waiting = [&] {
+    own(0);
+    first_half_done = true;
+  };
   Status agreed =
-      agree_direct(g, sig, a.sendbuf, send_bytes, a.recvbuf, recv_bytes, offer_cma, ran, &pb, while_waiting);
+      agree_direct(g, sig, a.sendbuf, send_bytes, a.recvbuf, recv_bytes, offer_cma, ran, &pb, &agreement, while_waiting);
   if (!agreed.ok()) return agreed;
   history.record(*ran);
+  if (timing != nullptr) timing->agreement = agreement;
   // Recorded as the way it went: a call whose buffers every rank could map
   // ran neither way.
-  if (timing != nullptr && (!*ran || pb.cma)) *timing = {chooser, band, *ran ? HeapPath::cma : HeapPath::staged, bytes};
+  if (chooser != nullptr && (!*ran || pb.cma)) {
+    timing->chooser = chooser;
+    timing->path = *ran ? HeapPath::cma : HeapPath::staged;
+    timing->bytes = bytes;
+  }
   if (!*ran) return {};
   auto rest = [&] {
     if (!first_half_done) own(0);

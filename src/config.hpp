@@ -24,12 +24,13 @@
 //                             default 1024; the node's first rank's setting applies);
 //                             from 32-128 KiB (per collective) up to it, calls
 //                             do so while the last agreement went direct
-//   CCLZ_SHM_CMA=0|1|auto     node-local calls of heap buffers from 128-512 KiB
+//   CCLZ_SHM_CMA=0|1|auto     node-local calls of heap buffers from 32-128 KiB
 //                             (per collective, where it supports it; with more
-//                             ranks than cores the all-to-all only) copy between the
-//                             ranks' processes with process_vm_readv/writev
-//                             (default auto: measured against the slots with a
-//                             core per rank; the node's first rank's setting applies)
+//                             ranks than cores the all-to-all only, from 512 KiB)
+//                             copy between the ranks' processes with
+//                             process_vm_readv/writev (default auto: measured
+//                             against the slots with a core per rank; the node's
+//                             first rank's setting applies)
 //   CCLZ_SPIN_US, CCLZ_YIELD_US, CCLZ_POLL_MS  checked here, applied by the
 //                             UCX transport (UcxWaitPolicy::from_env)
 //   (CCLZ_NODE_ID is read by the bootstrap into RankInfo::node_override.)

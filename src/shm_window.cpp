@@ -28,7 +28,7 @@
 namespace cclz::detail {
 namespace {
 
-constexpr std::uint64_t kMagic = 0x636c7a73686d3036ULL;  // "clzshm06"
+constexpr std::uint64_t kMagic = 0x636c7a73686d3037ULL;  // "clzshm07"
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kSlotPad = 4096;
@@ -97,8 +97,10 @@ struct alignas(kLine) RankCtl {
   // Where the ranks outnumber the cores: the CPU the owner last waited on.
   std::atomic<std::int32_t> cpu;
   char pad1[kLine - 5 * sizeof(std::uint32_t)];
+  // Line 2: the owner's way words of its last kWayWords calls (set_way_word).
+  std::array<std::atomic<std::uint64_t>, ShmWindow::kWayWords> way_words;
 };
-static_assert(sizeof(RankCtl) == 2 * kLine);
+static_assert(sizeof(RankCtl) == 3 * kLine);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free);
 
 struct alignas(kLine) SigLine {
@@ -206,6 +208,7 @@ class ShmSegment {
       c->sleepers.store(0, std::memory_order_relaxed);
       c->aborted.store(0, std::memory_order_relaxed);
       c->pid.store(0, std::memory_order_relaxed);
+      for (auto& word : c->way_words) word.store(~std::uint64_t{0}, std::memory_order_relaxed);
       c->cpu.store(-1, std::memory_order_relaxed);
     }
     cache_offsets();
@@ -423,6 +426,15 @@ void ShmWindow::set_call_sig(std::uint64_t slot, const CallSig& sig) noexcept { 
 ShmWindow::CallSig ShmWindow::call_sig(int r, std::uint64_t slot) const noexcept { return seg_->sig(r, slot).sig; }
 
 void ShmWindow::set_call_hint(std::uint64_t slot, std::uint64_t hint) noexcept { seg_->sig(index_, slot).hint = hint; }
+
+void ShmWindow::set_way_word(std::uint64_t seq, bool cma) noexcept {
+  seg_->ctl(index_).way_words[seq % kWayWords].store(seq << 1 | (cma ? 1u : 0u), std::memory_order_release);
+}
+
+int ShmWindow::way_word(std::uint64_t seq) const noexcept {
+  const std::uint64_t v = seg_->ctl(0).way_words[seq % kWayWords].load(std::memory_order_acquire);
+  return v >> 1 == seq ? static_cast<int>(v & 1) : -1;
+}
 
 std::uint64_t ShmWindow::call_hint(int r, std::uint64_t slot) const noexcept { return seg_->sig(r, slot).hint; }
 

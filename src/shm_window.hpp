@@ -235,6 +235,14 @@ class ShmWindow {
     return heap_path_timed_[staged ? 1 : 0].load(std::memory_order_relaxed);
   }
 
+  // Local rank 0's word for call `seq`: the way it picked for the next call
+  // of that call's band (collectives/shm_direct.hpp, HeapPathPlan), true for
+  // cross-memory attach. Kept for the last kWayWords calls; way_word() is
+  // -1 once the word has been overwritten, or before rank 0 has written it.
+  static constexpr std::size_t kWayWords = 4;
+  void set_way_word(std::uint64_t seq, bool cma) noexcept;
+  int way_word(std::uint64_t seq) const noexcept;
+
   // Slot `s` of local rank `r` (s taken modulo slots()).
   std::byte* slot(int r, std::uint64_t s) const noexcept;
 

@@ -312,12 +312,14 @@ TEST(Cma, HeapBuffersBitExact) {
 }
 
 // Heap buffers on every rank with CCLZ_SHM_CMA=auto: rank 0 times each
-// band's calls from kCmaMeasuredMinBytes, the kernel's way first, and every
-// rank runs the way it offered. Six calls of one band: the first kMin through cross-memory
-// attach, the next kMin staged (the chooser's warm-up), the rest as rank 0
-// measured; every call bitwise against the reference and the same on every
-// rank. Under cma_min_bytes() every call stays staged. Where no rank
-// measures, kMin calls of each band.
+// band's calls, the kernel's way first, and picks each call's way one call
+// of the band ahead (HeapPathPlan), which every rank follows. Seven calls of
+// one band: the first staged (no pick yet), the next kMin + 1 through
+// cross-memory attach (the pick made while the first of them runs still
+// lacks its time), then staged until the staged way has kMin times, and
+// the seventh as rank 0 measured; every call bitwise against the reference
+// and the same on every rank. Under cma_min_bytes() every call stays
+// staged. Where no rank measures, kMin calls of each band.
 // With the node's first rank at 1 (mpi-cma-first-1-others-auto), all of them
 // go through cross-memory attach on every rank, except the 24 MiB calls out
 // of place, whose node's buffers pass kCmaMaxNodeBytes: those are measured
@@ -332,10 +334,9 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
     GTEST_SKIP() << "needs several ranks sharing one window with cross-memory attach on";
   }
   const bool measured = c->impl()->shm_cma_measured();
-  constexpr int kMeasuredCalls = 6, kMin = coll::shm::HeapPathChooser::kMin;
-  static_assert(kMeasuredCalls >= 2 * kMin + 1);
+  constexpr int kMin = coll::shm::HeapPathChooser::kMin, kMeasuredCalls = 2 * kMin + 3;
   // Without a measured choice on any rank each call's way is a rule of its
-  // size alone, so kMin calls show it; the six calls of a band (warm-up,
+  // size alone, so kMin calls show it; the seven calls of a band (warm-up,
   // then the chooser's pick) are for the runs that measure. Asked of every
   // rank: all of them must make the same number of calls.
   std::uint64_t measuring_ranks = 0;
@@ -344,7 +345,8 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
   std::vector<std::uint64_t> hashes;
   // 1536 KiB and up: eligible with more ranks than cores too, for the
   // all-to-all. 256 KiB: the all-reduce and reduce through the kernel
-  // unmeasured with a core per rank, the others staged. 64 KiB: staged.
+  // unmeasured with a core per rank, the others measured. 64 KiB (the
+  // all-reduce and reduce): staged.
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 3u << 20},
                           {DataType::bf16, ReduceOp::sum, 1536u << 10},
                           {DataType::f32, ReduceOp::sum, 24u << 20},
@@ -366,16 +368,20 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
       for (bool in_place : {false, true}) {
         if (in_place && !testing::coll_info(kind).has_in_place) continue;
         const std::size_t count = testing::count_for_bytes(kind, s.bytes, s.dt, n) | 1;
-        CollCase cc{kind, s.dt, s.op, count, 0, n};
+        // A broadcast's or reduce's root last: rank 0 then does not run the
+        // call's root, and in a broadcast no rank waits for it, yet every
+        // rank must follow its picks.
+        const int root = kind == CollKind::broadcast || kind == CollKind::reduce ? n - 1 : 0;
+        CollCase cc{kind, s.dt, s.op, count, root, n};
         // The policy stated here, not read from the library: with a core
         // per rank, heap calls stay staged under 128 KiB (the all-reduce and
-        // reduce) or 512 KiB (the others), the all-reduce and reduce go
-        // through the kernel unmeasured from 128 to 512 KiB, and every call
-        // is measured from 512 KiB. With more ranks than cores, every call
-        // but the all-to-all's stays staged.
+        // reduce) or 32 KiB (the others), the all-reduce and reduce go
+        // through the kernel unmeasured from 128 to 512 KiB, and every other
+        // call is measured. With more ranks than cores, every call but the
+        // all-to-all's from 512 KiB stays staged.
         const bool oversubscribed = c->impl()->shm_oversubscribed();
-        const bool staged = (oversubscribed && kind != CollKind::all_to_all) ||
-                            s.bytes < (reduction ? (128u << 10) : (512u << 10));
+        const bool staged = oversubscribed ? kind != CollKind::all_to_all || s.bytes < (512u << 10)
+                                           : s.bytes < (reduction ? (128u << 10) : (32u << 10));
         const bool small = reduction && s.bytes < (512u << 10);
         if (!staged && !cma_eligible(*c, cc, in_place)) {
           // Past the node's cap unmeasured (24 MiB out of place).
@@ -383,12 +389,17 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
           continue;
         }
         const std::uint64_t before = c->impl()->direct_calls();
-        std::uint64_t through_kernel_first = 0;
-        for (int k = 0; k < calls; ++k) {
+        // Calls through the kernel after the first call, after kMin + 2
+        // calls and after 2 * kMin + 2.
+        std::uint64_t after_first = 0, after_trial = 0, after_staged = 0;
+        for (int k = 1; k <= calls; ++k) {
           bool eligible = false;
           ASSERT_TRUE(run_one(*c, cc, in_place, false, "shm", &hashes, &eligible));
           ASSERT_TRUE(eligible);
-          if (k == kMin - 1) through_kernel_first = c->impl()->direct_calls() - before;
+          const std::uint64_t so_far = c->impl()->direct_calls() - before;
+          if (k == 1) after_first = so_far;
+          if (k == kMin + 2) after_trial = so_far;
+          if (k == 2 * kMin + 2) after_staged = so_far;
         }
         const std::uint64_t direct = c->impl()->direct_calls() - before;
         const std::string what = std::string(testing::coll_info(kind).name) + " " + dtype_name(s.dt) + " " +
@@ -401,9 +412,10 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
           EXPECT_EQ(direct, static_cast<std::uint64_t>(calls)) << rank_tag() << ": " << what << ": not measured";
           continue;
         }
-        EXPECT_EQ(through_kernel_first, std::uint64_t{kMin}) << rank_tag() << ": " << what << ": the warm-up";
-        EXPECT_GE(direct, std::uint64_t{kMin}) << rank_tag() << ": " << what;
-        EXPECT_LE(direct, static_cast<std::uint64_t>(calls - kMin)) << rank_tag() << ": " << what << ": never staged";
+        EXPECT_EQ(after_first, 0u) << rank_tag() << ": " << what << ": the first call, before any pick";
+        EXPECT_EQ(after_trial, std::uint64_t{kMin + 1}) << rank_tag() << ": " << what << ": the kernel's trial";
+        EXPECT_EQ(after_staged, std::uint64_t{kMin + 1}) << rank_tag() << ": " << what << ": the staged trial";
+        EXPECT_LE(direct, std::uint64_t{kMin + 2}) << rank_tag() << ": " << what;
       }
     }
   }
@@ -414,11 +426,12 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
 // last level) also choose their slot stores by measurement, the ordinary
 // ones first. Rank 0 must not time the staged way while those are being
 // measured: the stores tried first may be the slow ones, and the staged
-// way's times would then keep the kernel's way. So, per band: kMin calls
-// through cross-memory attach, 2 * kMin staged that rank 0 does not record
-// (each store kind measured), kMin staged that it records, and only then
-// the faster way; every call bitwise against the reference and the same
-// on every rank.
+// way's times would then keep the kernel's way. So, per band: a first
+// staged call (no pick yet) and kMin + 1 through cross-memory attach (see
+// RunsBothWaysBitExact), those recorded; then staged calls until
+// the stores have had their 2 * kMin trials (the first call was one),
+// unrecorded, and kMin + 1 recorded; every call bitwise against the
+// reference and the same on every rank.
 TEST(CmaMeasured, StagedTimedOnlyOnceItsStoresAreChosen) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
@@ -427,7 +440,7 @@ TEST(CmaMeasured, StagedTimedOnlyOnceItsStoresAreChosen) {
     GTEST_SKIP() << "needs several ranks sharing one window, a core each, with CCLZ_SHM_CMA=auto";
   }
   if (env_int("CCLZ_SHM_LLC_KB", 0) != 512) GTEST_SKIP() << "its job sets CCLZ_SHM_LLC_KB=512";
-  constexpr int kMin = coll::shm::HeapPathChooser::kMin, kCalls = 4 * kMin;
+  constexpr int kMin = coll::shm::HeapPathChooser::kMin, kCalls = 5 * kMin;
   std::vector<std::uint64_t> hashes;
   // The collectives whose staged calls stream through SlotStoreCall.
   for (CollKind kind : {CollKind::all_reduce, CollKind::all_gather, CollKind::all_to_all}) {
@@ -446,11 +459,11 @@ TEST(CmaMeasured, StagedTimedOnlyOnceItsStoresAreChosen) {
         ASSERT_TRUE(run_one(*c, cc, in_place, false, "shm", &hashes, &eligible));
         ASSERT_TRUE(eligible);
       }
-      EXPECT_EQ(c->impl()->direct_calls() - direct_before, std::uint64_t{kMin})
+      EXPECT_EQ(c->impl()->direct_calls() - direct_before, std::uint64_t{kMin + 1})
           << rank_tag() << ": " << what << ": the staged calls while the stores were measured";
       if (c->rank() == 0) {
-        EXPECT_EQ(c->impl()->heap_path_timed(false) - cma_timed, std::uint64_t{kMin}) << what;
-        EXPECT_EQ(c->impl()->heap_path_timed(true) - staged_timed, std::uint64_t{kMin})
+        EXPECT_EQ(c->impl()->heap_path_timed(false) - cma_timed, std::uint64_t{kMin + 1}) << what;
+        EXPECT_EQ(c->impl()->heap_path_timed(true) - staged_timed, std::uint64_t{kCalls - (kMin + 1) - 2 * kMin})
             << what << ": staged calls timed while their stores were measured";
       }
     }
@@ -548,14 +561,14 @@ TEST(Cma, ShortRootBufferIsAClearError) {
 // once and then once every kRetryAfter calls; after a direct call,
 // mem_alloc buffers go direct every time; one heap rank sends everyone
 // staged, and the next calls stop asking. Every call is checked bitwise.
-// A reduce-scatter of 96 KiB: in the band (from 64 KiB) and below where heap
-// buffers go through cross-memory attach instead (512 KiB and up).
+// An all-reduce of 96 KiB: in the band (from 32 KiB) and below where heap
+// buffers go through cross-memory attach instead (128 KiB and up).
 TEST(DirectProbe, BelowThresholdAsksWhileTaken) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
   const int n = c->size();
   const std::uint64_t threshold = c->impl()->direct_min_bytes();
-  constexpr CollKind kKind = CollKind::reduce_scatter;
+  constexpr CollKind kKind = CollKind::all_reduce;
   constexpr std::size_t kBandBytes = 96u << 10;
   static_assert(kBandBytes >= coll::shm::direct_probe_min_bytes(kKind, false) &&
                 kBandBytes >= coll::shm::direct_probe_min_bytes(kKind, true) &&
