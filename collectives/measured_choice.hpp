@@ -51,9 +51,13 @@ class MeasuredChoice {
   // The way the next call in `band` should run: one with fewer than kMin
   // fresh times first (way 0 before way 1), else the faster. *measuring,
   // if given, says which: true when the way was picked to be measured.
-  Choice pick(std::uint32_t band, bool* measuring = nullptr) {
+  // `in_flight`, if given, is the way of a call that runs before that one
+  // and has not been recorded yet: it counts towards its way's kMin (a
+  // caller that picks one call ahead; shm_direct.hpp).
+  Choice pick(std::uint32_t band, bool* measuring = nullptr, const Choice* in_flight = nullptr) {
     const Band& b = bands_[band];
-    const Fresh w0 = fresh(b, 0), w1 = fresh(b, 1);
+    Fresh w0 = fresh(b, 0), w1 = fresh(b, 1);
+    if (in_flight != nullptr) ++(static_cast<std::size_t>(*in_flight) == 0 ? w0 : w1).count;
     const bool short0 = w0.count < kMin, short1 = w1.count < kMin;
     if (measuring != nullptr) *measuring = short0 || short1;
     if (short0) return Choice{0};

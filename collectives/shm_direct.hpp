@@ -406,7 +406,8 @@ Status run_if_direct(Group& g, const CollArgs& a, std::size_t largest, std::size
     timing->band = band;
     if (g.rank() == 0) {
       chooser = &w.local_state<HeapPathChooser>();
-      const bool next_cma = chooser->pick(band) == HeapPath::cma;
+      const HeapPath now = offer_cma ? HeapPath::cma : HeapPath::staged;
+      const bool next_cma = chooser->pick(band, nullptr, &now) == HeapPath::cma;
       w.set_way_word(g.seq(), next_cma);
       plan.set(band, next_cma);
     }

@@ -313,13 +313,12 @@ TEST(Cma, HeapBuffersBitExact) {
 
 // Heap buffers on every rank with CCLZ_SHM_CMA=auto: rank 0 times each
 // band's calls, the kernel's way first, and picks each call's way one call
-// of the band ahead (HeapPathPlan), which every rank follows. Seven calls of
-// one band: the first staged (no pick yet), the next kMin + 1 through
-// cross-memory attach (the pick made while the first of them runs still
-// lacks its time), then staged until the staged way has kMin times, and
-// the seventh as rank 0 measured; every call bitwise against the reference
-// and the same on every rank. Under cma_min_bytes() every call stays
-// staged. Where no rank measures, kMin calls of each band.
+// of the band ahead (HeapPathPlan), which every rank follows. Six calls of
+// one band: the first staged (no pick yet), the next kMin through
+// cross-memory attach, then staged until the staged way has kMin calls,
+// and the rest as rank 0 measured; every call bitwise against the
+// reference and the same on every rank. Under cma_min_bytes() every call
+// stays staged. Where no rank measures, kMin calls of each band.
 // With the node's first rank at 1 (mpi-cma-first-1-others-auto), all of them
 // go through cross-memory attach on every rank, except the 24 MiB calls out
 // of place, whose node's buffers pass kCmaMaxNodeBytes: those are measured
@@ -334,9 +333,9 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
     GTEST_SKIP() << "needs several ranks sharing one window with cross-memory attach on";
   }
   const bool measured = c->impl()->shm_cma_measured();
-  constexpr int kMin = coll::shm::HeapPathChooser::kMin, kMeasuredCalls = 2 * kMin + 3;
+  constexpr int kMin = coll::shm::HeapPathChooser::kMin, kMeasuredCalls = 2 * kMin + 2;
   // Without a measured choice on any rank each call's way is a rule of its
-  // size alone, so kMin calls show it; the seven calls of a band (warm-up,
+  // size alone, so kMin calls show it; the six calls of a band (warm-up,
   // then the chooser's pick) are for the runs that measure. Asked of every
   // rank: all of them must make the same number of calls.
   std::uint64_t measuring_ranks = 0;
@@ -389,8 +388,8 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
           continue;
         }
         const std::uint64_t before = c->impl()->direct_calls();
-        // Calls through the kernel after the first call, after kMin + 2
-        // calls and after 2 * kMin + 2.
+        // Calls through the kernel after the first call, after kMin + 1
+        // calls and after 2 * kMin.
         std::uint64_t after_first = 0, after_trial = 0, after_staged = 0;
         for (int k = 1; k <= calls; ++k) {
           bool eligible = false;
@@ -398,8 +397,8 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
           ASSERT_TRUE(eligible);
           const std::uint64_t so_far = c->impl()->direct_calls() - before;
           if (k == 1) after_first = so_far;
-          if (k == kMin + 2) after_trial = so_far;
-          if (k == 2 * kMin + 2) after_staged = so_far;
+          if (k == kMin + 1) after_trial = so_far;
+          if (k == 2 * kMin) after_staged = so_far;
         }
         const std::uint64_t direct = c->impl()->direct_calls() - before;
         const std::string what = std::string(testing::coll_info(kind).name) + " " + dtype_name(s.dt) + " " +
@@ -413,9 +412,9 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
           continue;
         }
         EXPECT_EQ(after_first, 0u) << rank_tag() << ": " << what << ": the first call, before any pick";
-        EXPECT_EQ(after_trial, std::uint64_t{kMin + 1}) << rank_tag() << ": " << what << ": the kernel's trial";
-        EXPECT_EQ(after_staged, std::uint64_t{kMin + 1}) << rank_tag() << ": " << what << ": the staged trial";
-        EXPECT_LE(direct, std::uint64_t{kMin + 2}) << rank_tag() << ": " << what;
+        EXPECT_EQ(after_trial, std::uint64_t{kMin}) << rank_tag() << ": " << what << ": the kernel's trial";
+        EXPECT_EQ(after_staged, std::uint64_t{kMin}) << rank_tag() << ": " << what << ": the staged trial";
+        EXPECT_LE(direct, static_cast<std::uint64_t>(calls - kMin)) << rank_tag() << ": " << what;
       }
     }
   }
@@ -427,11 +426,11 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
 // ones first. Rank 0 must not time the staged way while those are being
 // measured: the stores tried first may be the slow ones, and the staged
 // way's times would then keep the kernel's way. So, per band: a first
-// staged call (no pick yet) and kMin + 1 through cross-memory attach (see
-// RunsBothWaysBitExact), those recorded; then staged calls until
-// the stores have had their 2 * kMin trials (the first call was one),
-// unrecorded, and kMin + 1 recorded; every call bitwise against the
-// reference and the same on every rank.
+// staged call (no pick yet) and kMin through cross-memory attach (see
+// RunsBothWaysBitExact), those recorded; then staged calls until the
+// stores have had their 2 * kMin trials (the first call was one),
+// unrecorded, and kMin recorded; every call bitwise against the reference
+// and the same on every rank.
 TEST(CmaMeasured, StagedTimedOnlyOnceItsStoresAreChosen) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
@@ -440,7 +439,7 @@ TEST(CmaMeasured, StagedTimedOnlyOnceItsStoresAreChosen) {
     GTEST_SKIP() << "needs several ranks sharing one window, a core each, with CCLZ_SHM_CMA=auto";
   }
   if (env_int("CCLZ_SHM_LLC_KB", 0) != 512) GTEST_SKIP() << "its job sets CCLZ_SHM_LLC_KB=512";
-  constexpr int kMin = coll::shm::HeapPathChooser::kMin, kCalls = 5 * kMin;
+  constexpr int kMin = coll::shm::HeapPathChooser::kMin, kCalls = 4 * kMin;
   std::vector<std::uint64_t> hashes;
   // The collectives whose staged calls stream through SlotStoreCall.
   for (CollKind kind : {CollKind::all_reduce, CollKind::all_gather, CollKind::all_to_all}) {
@@ -459,11 +458,11 @@ TEST(CmaMeasured, StagedTimedOnlyOnceItsStoresAreChosen) {
         ASSERT_TRUE(run_one(*c, cc, in_place, false, "shm", &hashes, &eligible));
         ASSERT_TRUE(eligible);
       }
-      EXPECT_EQ(c->impl()->direct_calls() - direct_before, std::uint64_t{kMin + 1})
+      EXPECT_EQ(c->impl()->direct_calls() - direct_before, std::uint64_t{kMin})
           << rank_tag() << ": " << what << ": the staged calls while the stores were measured";
       if (c->rank() == 0) {
-        EXPECT_EQ(c->impl()->heap_path_timed(false) - cma_timed, std::uint64_t{kMin + 1}) << what;
-        EXPECT_EQ(c->impl()->heap_path_timed(true) - staged_timed, std::uint64_t{kCalls - (kMin + 1) - 2 * kMin})
+        EXPECT_EQ(c->impl()->heap_path_timed(false) - cma_timed, std::uint64_t{kMin}) << what;
+        EXPECT_EQ(c->impl()->heap_path_timed(true) - staged_timed, std::uint64_t{kMin})
             << what << ": staged calls timed while their stores were measured";
       }
     }

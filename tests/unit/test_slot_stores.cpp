@@ -92,6 +92,30 @@ TEST(SlotStoreChooser, SaysWhenItMeasures) {
   EXPECT_LE(measured, warm_up + 3 * SlotStoreChooser::kMin);
 }
 
+// A caller that picks one call ahead (the heap path's plan) passes the way
+// of the call running meanwhile, not yet recorded: it counts towards its
+// way's kMin, so each way's trial is kMin calls, not one more, and the
+// picks settle on the faster way as soon as both have kMin calls.
+TEST(SlotStoreChooser, PickingOneCallAhead) {
+  SimulatedBand sim;
+  constexpr int kMin = SlotStoreChooser::kMin;
+  SlotStores running = SlotStores::memory;  // the first call's way, before any pick
+  std::vector<SlotStores> ran;
+  for (int k = 0; k < 2 * kMin + 4; ++k) {
+    const SlotStores next = sim.c.pick(sim.band, nullptr, &running);
+    sim.c.record(sim.band, running, cache_faster(running));
+    ran.push_back(running);
+    running = next;
+  }
+  // The first call (memory), kMin of cache, then memory until it has kMin
+  // calls, then the faster: cache.
+  std::vector<SlotStores> want{SlotStores::memory};
+  for (int k = 0; k < kMin; ++k) want.push_back(SlotStores::cache);
+  for (int k = 1; k < kMin; ++k) want.push_back(SlotStores::memory);
+  while (want.size() < ran.size()) want.push_back(SlotStores::cache);
+  EXPECT_EQ(ran, want);
+}
+
 TEST(SlotStoreChooser, FollowsTheMachineWhenItChanges) {
   SimulatedBand sim;
   sim.run(100, cache_faster);
