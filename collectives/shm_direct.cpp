@@ -32,6 +32,7 @@ struct BufDesc {
 struct Descs {
   BufDesc send, recv;
 };
+static_assert(sizeof(Descs) + sizeof(std::uint64_t) <= detail::ShmWindow::kAgreementBytes);
 
 // Maps a peer's buffer (fd, `bytes`, whole pages), writable: the all-reduce
 // writes its results into the peers' outputs. From 2 MiB up, at a page
@@ -263,10 +264,10 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
     if (Status st = w.wait({}, K * (G - slots + 1), g.deadline(), idle, "direct-path agreement"); !st.ok()) return st;
   }
   w.set_call_sig(G, sig);
-  std::byte* slot = w.slot(me, G);
-  std::memcpy(slot, &mine, sizeof mine);
-  std::memcpy(slot + sizeof mine, &mine_bits, sizeof mine_bits);
-  w.advance(1);
+  std::byte* words = w.agreement(me, G);
+  std::memcpy(words, &mine, sizeof mine);
+  std::memcpy(words + sizeof mine, &mine_bits, sizeof mine_bits);
+  w.advance_agreement();
   if ((mine_bits & (kMappable | kCma)) == 0) {
     w.publish(K * (G + 1));
     return {};
@@ -282,8 +283,8 @@ Status agree_direct(Group& g, const detail::ShmWindow::CallSig& sig, const void*
       if (const auto theirs = w.call_sig(r, G); !(theirs == sig)) return sig_mismatch(g, r, sig, theirs);
     }
     std::uint64_t bits = 0;
-    std::memcpy(&descs[static_cast<std::size_t>(r)], w.slot(r, G), sizeof(Descs));
-    std::memcpy(&bits, w.slot(r, G) + sizeof(Descs), sizeof bits);
+    std::memcpy(&descs[static_cast<std::size_t>(r)], w.agreement(r, G), sizeof(Descs));
+    std::memcpy(&bits, w.agreement(r, G) + sizeof(Descs), sizeof bits);
     all_bits &= bits;
   }
   w.publish(K * (G + 1));

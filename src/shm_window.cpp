@@ -28,7 +28,7 @@
 namespace cclz::detail {
 namespace {
 
-constexpr std::uint64_t kMagic = 0x636c7a73686d3037ULL;  // "clzshm07"
+constexpr std::uint64_t kMagic = 0x636c7a73686d3038ULL;  // "clzshm08"
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kSlotPad = 4096;
@@ -106,6 +106,7 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std
 struct alignas(kLine) SigLine {
   ShmWindow::CallSig sig;
   std::uint64_t hint;
+  std::byte agreement[ShmWindow::kAgreementBytes];
 };
 
 std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
@@ -402,7 +403,11 @@ std::uint64_t ShmWindow::llc_bytes() const noexcept { return seg_->header().llc_
 int ShmWindow::pid(int r) const noexcept { return seg_->ctl(r).pid.load(std::memory_order_acquire); }
 int ShmWindow::last_wait_cpu(int r) const noexcept { return seg_->ctl(r).cpu.load(std::memory_order_relaxed); }
 bool ShmWindow::one_process() const noexcept { return seg_->one_process(); }
-std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept { return seg_->slot(r, s); }
+std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept {
+  return seg_->slot(r, data_chunks_ + (s - next_chunk_));
+}
+
+std::byte* ShmWindow::agreement(int r, std::uint64_t s) const noexcept { return seg_->sig(r, s).agreement; }
 
 std::uint64_t ShmWindow::progress(int r) const noexcept {
   return seg_->ctl(r).progress.load(std::memory_order_acquire);

@@ -243,13 +243,28 @@ class ShmWindow {
   void set_way_word(std::uint64_t seq, bool cma) noexcept;
   int way_word(std::uint64_t seq) const noexcept;
 
-  // Slot `s` of local rank `r` (s taken modulo slots()).
+  // The slot of local rank `r` that chunk `s` of the running pipeline uses
+  // (s from next_chunk(), before advance()). Pipelines' chunks take the
+  // slots in turn; an agreement's chunk takes none, so that data rotates
+  // through every slot however many chunks the calls' agreements take (with
+  // an agreement and one data chunk per call, data alternated between two
+  // of four slots, and a 2-rank staged all-to-all of 256 KB took 17-22 us
+  // a call against 15-16 when it rotated through four).
   std::byte* slot(int r, std::uint64_t s) const noexcept;
+  // The words of an agreement (collectives/shm_direct.cpp) in chunk `s`,
+  // kAgreementBytes beside the chunk's CallSig.
+  static constexpr std::size_t kAgreementBytes = 128;
+  std::byte* agreement(int r, std::uint64_t s) const noexcept;
 
   // The global number of the next chunk; the caller advances it by the
-  // chunks it used, identically on every rank.
+  // chunks it used, identically on every rank: a pipeline's with advance(),
+  // an agreement's with advance_agreement().
   std::uint64_t next_chunk() const noexcept { return next_chunk_; }
-  void advance(std::uint64_t chunks) noexcept { next_chunk_ += chunks; }
+  void advance(std::uint64_t chunks) noexcept {
+    next_chunk_ += chunks;
+    data_chunks_ += chunks;
+  }
+  void advance_agreement() noexcept { ++next_chunk_; }
 
   // Publishes this rank's progress (monotonic) and wakes sleepers.
   void publish(std::uint64_t value) noexcept;
@@ -293,6 +308,7 @@ class ShmWindow {
   int index_;
   bool oversubscribed_;
   std::uint64_t next_chunk_ = 0;
+  std::uint64_t data_chunks_ = 0;  // chunks that took a slot, of next_chunk_
   std::uint64_t all_seen_ = 0;  // every rank's progress is known to be at least this
   std::vector<int> pidfds_;  // per local rank; -1 for this process or when unavailable
   std::vector<int> pids_;
