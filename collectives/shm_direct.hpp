@@ -255,10 +255,10 @@ class DirectHistory {
 // faster way for the band, one call ahead, which every rank follows
 // (HeapPathPlan). Both ways give the same bits. Where the ranks outnumber
 // the cores, a call's time is the scheduler's more than the way's (4 ranks
-// on the 2 cores: the same 16 KB
-// call took 9-156 us from run to run), and measured choices ran 2-17%
-// slower at 16 MB than the kernel's way alone: there every call that can
-// goes through cross-memory attach, as with CCLZ_SHM_CMA=1.
+// on the 2 cores: the same 16 KB call took 9-156 us from run to run), and
+// measured choices ran 2-17% slower at 16 MB than the kernel's way alone:
+// there every call that can goes through cross-memory attach, as with
+// CCLZ_SHM_CMA=1.
 enum class HeapPath : int { cma = 0, staged = 1 };
 // Below kCmaMeasuredMinBytes the kernel's way is taken unmeasured, from
 // cma_min_bytes() up: the all-reduce and reduce of 128-512 KiB. There the
@@ -287,12 +287,12 @@ using HeapPathChooser = MeasuredChoice<HeapPath>;
 // published that part (timing_heap_path). So the ranks offer alike: a
 // staged call's agreement costs no hand-off (no rank offers, and each
 // knows the answer), and a call through the kernel copies half of its own
-// block while it waits. Before, the others offered in every call and
-// waited for rank 0's word: staged calls of 64-256 KB paid 1-5 us for it
-// (2 bound ranks, all-to-all of 256 KB: 16.7-19.0 us against 15.3-16.5
-// with no agreement). A word the others miss (overwritten when rank 0 ran
-// kWayWords calls ahead) leaves them staged, and a call is staged as soon
-// as one rank does not offer: a slower way for a call, never a mismatch.
+// block while it waits. Before, the others offered in every call, waited
+// for rank 0's word, and copied their block only after it (a call that
+// went staged would have copied it twice). A word the others miss
+// (overwritten when rank 0 ran kWayWords calls ahead) leaves them staged,
+// and a call is staged as soon as one rank does not offer: a slower way
+// for a call, never a mismatch.
 // Each rank's plan, by HeapPathChooser::band; staged until rank 0 says
 // otherwise.
 class HeapPathPlan {

@@ -426,11 +426,11 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
 // ones first. Rank 0 must not time the staged way while those are being
 // measured: the stores tried first may be the slow ones, and the staged
 // way's times would then keep the kernel's way. So, per band: a first
-// staged call (no pick yet) and kMin through cross-memory attach (see
-// RunsBothWaysBitExact), those recorded; then staged calls until the
-// stores have had their 2 * kMin trials (the first call was one),
-// unrecorded, and kMin recorded; every call bitwise against the reference
-// and the same on every rank.
+// staged call (no pick yet; the stores' first trial, unrecorded), kMin
+// through cross-memory attach, recorded (see RunsBothWaysBitExact), then
+// staged calls: the rest of the stores' 2 * kMin trials unrecorded, and
+// kMin recorded; every call bitwise against the reference and the same
+// on every rank.
 TEST(CmaMeasured, StagedTimedOnlyOnceItsStoresAreChosen) {
   std::unique_ptr<Comm> c = fresh_comm();
   ASSERT_NE(c, nullptr);
