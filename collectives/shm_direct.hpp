@@ -348,7 +348,7 @@ Status timing_heap_path(Group& g, const CollArgs& a) {
     const int rank0[1] = {0};
     st = w->wait(rank0, K * timing.agreement + 1, g.deadline(), [&g] { g.progress_transport(); },
                  "the heap path's plan");
-    if (st.ok()) timing.plan->set(timing.band, w->way_word(g.seq()) == 1);
+    if (st.ok()) timing.plan->set(timing.band, w->way_word(g.seq()));
   } else if (timing.chooser != nullptr && timing.bytes != 0 && !timing.stores_measured) {
     timing.chooser->record(timing.band, timing.path, static_cast<double>(took) / static_cast<double>(timing.bytes));
     w->count_heap_path_timed(timing.path == HeapPath::staged);

@@ -436,9 +436,9 @@ void ShmWindow::set_way_word(std::uint64_t seq, bool cma) noexcept {
   seg_->ctl(index_).way_words[seq % kWayWords].store(seq << 1 | (cma ? 1u : 0u), std::memory_order_release);
 }
 
-int ShmWindow::way_word(std::uint64_t seq) const noexcept {
+bool ShmWindow::way_word(std::uint64_t seq) const noexcept {
   const std::uint64_t v = seg_->ctl(0).way_words[seq % kWayWords].load(std::memory_order_acquire);
-  return v >> 1 == seq ? static_cast<int>(v & 1) : -1;
+  return v == (seq << 1 | 1u);
 }
 
 std::uint64_t ShmWindow::call_hint(int r, std::uint64_t slot) const noexcept { return seg_->sig(r, slot).hint; }

@@ -238,10 +238,10 @@ class ShmWindow {
   // Local rank 0's word for call `seq`: the way it picked for the next call
   // of that call's band (collectives/shm_direct.hpp, HeapPathPlan), true for
   // cross-memory attach. Kept for the last kWayWords calls; way_word() is
-  // -1 once the word has been overwritten, or before rank 0 has written it.
+  // false once the word has been overwritten, or before rank 0 has written it.
   static constexpr std::size_t kWayWords = 4;
   void set_way_word(std::uint64_t seq, bool cma) noexcept;
-  int way_word(std::uint64_t seq) const noexcept;
+  bool way_word(std::uint64_t seq) const noexcept;
 
   // The slot of local rank `r` that chunk `s` of the running pipeline uses
   // (s from next_chunk(), before advance()). Pipelines' chunks take the
