@@ -343,14 +343,16 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
   const int calls = measuring_ranks > 0 ? kMeasuredCalls : kMin;
   std::vector<std::uint64_t> hashes;
   // 1536 KiB and up: eligible with more ranks than cores too, for the
-  // all-to-all. 256 KiB: the all-reduce and reduce through the kernel
-  // unmeasured with a core per rank, the others measured. 64 KiB (the
-  // all-reduce and reduce): staged.
+  // all-to-all. 256 KiB (an odd count: just past it): the all-reduce and
+  // reduce through the kernel unmeasured with a core per rank, the others
+  // measured. 64 KiB (the all-reduce and reduce) and 192 KiB (the reduce,
+  // bf16 avg: its one hand-off): staged.
   const Shape shapes[] = {{DataType::f32, ReduceOp::sum, 3u << 20},
                           {DataType::bf16, ReduceOp::sum, 1536u << 10},
                           {DataType::f32, ReduceOp::sum, 24u << 20},
                           {DataType::f32, ReduceOp::sum, 256u << 10},
-                          {DataType::f32, ReduceOp::sum, 64u << 10}};
+                          {DataType::f32, ReduceOp::sum, 64u << 10},
+                          {DataType::bf16, ReduceOp::avg, 192u << 10}};
   for (CollKind kind : {CollKind::all_reduce, CollKind::all_to_all, CollKind::reduce_scatter, CollKind::all_gather,
                         CollKind::broadcast, CollKind::reduce}) {
     const bool reduction = kind == CollKind::all_reduce || kind == CollKind::reduce;
@@ -360,9 +362,9 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
     const bool every_size = kind == CollKind::all_reduce || kind == CollKind::all_to_all ||
                             kind == CollKind::reduce_scatter;
     for (const Shape& s : shapes) {
-      const bool wanted = s.bytes == (64u << 10)
-                              ? reduction
-                              : every_size || s.bytes == (1536u << 10) || s.bytes == (256u << 10);
+      const bool wanted = s.bytes == (192u << 10)  ? kind == CollKind::reduce
+                          : s.bytes == (64u << 10) ? reduction
+                                                   : every_size || s.bytes == (1536u << 10) || s.bytes == (256u << 10);
       if (!wanted) continue;
       for (bool in_place : {false, true}) {
         if (in_place && !testing::coll_info(kind).has_in_place) continue;
@@ -373,14 +375,18 @@ TEST(CmaMeasured, RunsBothWaysBitExact) {
         const int root = kind == CollKind::broadcast || kind == CollKind::reduce ? n - 1 : 0;
         CollCase cc{kind, s.dt, s.op, count, root, n};
         // The policy stated here, not read from the library: with a core
-        // per rank, heap calls stay staged under 128 KiB (the all-reduce and
-        // reduce) or 32 KiB (the others), the all-reduce and reduce go
-        // through the kernel unmeasured from 128 to 512 KiB, and every other
-        // call is measured. With more ranks than cores, every call but the
+        // per rank, heap calls stay staged under 128 KiB (the all-reduce),
+        // up to 256 KiB (the reduce, in one hand-off) or under 32 KiB (the
+        // others), the all-reduce and reduce go through the kernel
+        // unmeasured from there to 512 KiB, and every other call is
+        // measured. With more ranks than cores, every call but the
         // all-to-all's from 512 KiB stays staged.
         const bool oversubscribed = c->impl()->shm_oversubscribed();
-        const bool staged = oversubscribed ? kind != CollKind::all_to_all || s.bytes < (512u << 10)
-                                           : s.bytes < (reduction ? (128u << 10) : (32u << 10));
+        const std::size_t call_bytes = count * dtype_size(s.dt);
+        const bool staged = oversubscribed                 ? kind != CollKind::all_to_all || s.bytes < (512u << 10)
+                            : kind == CollKind::reduce     ? call_bytes <= (256u << 10)
+                            : kind == CollKind::all_reduce ? s.bytes < (128u << 10)
+                                                           : s.bytes < (32u << 10);
         const bool small = reduction && s.bytes < (512u << 10);
         if (!staged && !cma_eligible(*c, cc, in_place)) {
           // Past the node's cap unmeasured (24 MiB out of place).
