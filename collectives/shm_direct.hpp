@@ -118,8 +118,8 @@ Status read_sources(const Group& g, const PeerBuffers& pb, std::size_t at, std::
 // The reduce stays staged up to kReduceOneHandoffMaxBytes, where its
 // single hand-off (reduce/shm.cpp) beat the kernel's way on the Zen 5
 // host: 2 bound ranks, median call, 128 KiB 9.2-9.3 against 14.1-15.5 us,
-// 256 KiB 15.6-16.5 against 19.5-22.9 (docs/performance-log.md, "The
-// reduce in one hand-off to 256 KiB").
+// 256 KiB 15.6-16.5 against 19.5-22.9 (docs/performance-log.md, "A Zen 5
+// host").
 constexpr std::uint64_t kReduceOneHandoffMaxBytes = std::uint64_t{256} << 10;
 constexpr std::uint64_t kCmaNever = ~std::uint64_t{0};
 constexpr std::uint64_t cma_min_bytes(CollKind kind, bool oversubscribed) noexcept {
@@ -267,8 +267,8 @@ class DirectHistory {
 // CCLZ_SHM_CMA=1.
 enum class HeapPath : int { cma = 0, staged = 1 };
 // Below kCmaMeasuredMinBytes the kernel's way is taken unmeasured, from
-// cma_min_bytes() up: the all-reduce of 128-512 KiB, the reduce past 256. There the
-// kernel's way can beat the staged calls by 1.4x, but after a stretch of
+// cma_min_bytes() up: the all-reduce of 128-512 KiB, the reduce of 256-512
+// KiB. There the kernel's way can beat the staged calls by 1.4x, but after a stretch of
 // staged calls it takes 5-10 calls to come back to speed (on the AMD test
 // host, 4x slow at first), longer than a trial, so measuring kept the
 // slower way for dozens of calls (the all-reduce of 256 KB out of place

@@ -278,7 +278,7 @@ struct widened {
 // kernel is level within the host's noise, but a 2-rank all-reduce, whose
 // share owners run it on a peer's freshly written slot, took 16 KB in 3.55
 // against 3.80 us by the median call (6 interleaved rounds; 64 KB 8.34
-// against 8.80; docs/performance-log.md, "Pairwise loop unrolled").
+// against 8.80; docs/performance-log.md, "A Zen 5 host").
 // With kCopy each result is stored to `copy` too (reduce_many_copy).
 template <class T, class Elem, bool kCopy>
 CCLZ_INLINE void reduce_loops(void* dst, void* copy, const void* a, const void* b, std::size_t n) noexcept {

@@ -1,13 +1,9 @@
 // Node-local reduce over the shared-memory window (see shm_pipeline.hpp).
 // Up to kReduceOneHandoffMaxBytes (256 KiB; shm_direct.hpp), one hand-off:
 // every rank copies its input into its slot and the root reduces all slots
-// in rank order into its output. That was 32 KiB until the Zen 5 host
-// measured it against the share path below, whose three stages wait twice
-// (median call, 3 rounds): 2 bound ranks 64 KiB 9.2-9.7 -> 5.2-5.3 us (the
-// transport's chain 7.6-8.9), 128 KiB staged 16.1-16.3 -> 9.2; more ranks
-// than cores, 64 and 128 KiB: 3 ranks 21.6-22.9 -> 6.6-6.7 and 31.5-31.8 ->
-// 11.2-11.3 us, 4 ranks 32-38 -> 21-22 and 40-41 -> 25-27, 8 ranks 186 ->
-// 61 and 167 -> 64; 4 ranks 256 KiB 72-83 -> 46-54. Larger, chunk by chunk:
+// in rank order into its output; its one wait beat the share path's two
+// at every size measured up to there, on 2-8 ranks (docs/performance-log.md,
+// "A Zen 5 host": 2 bound ranks 64 KiB 9.2-9.7 -> 5.2-5.3 us). Larger, chunk by chunk:
 // (0) copy the chunk except my 1/n share into my slot; (1) reduce my share
 // over my input and the n-1 peers' slots into my slot (where my share was not
 // staged); (2) the root copies every share's result into its output. The
