@@ -168,9 +168,10 @@ bool stream_outputs(const Group& g, std::size_t in_bytes, std::size_t out_bytes)
 
 bool stream_reduced(const Group& g, std::uint64_t node_bytes) { return node_bytes > 2 * g.shm()->llc_bytes(); }
 
-std::size_t chunk_bytes(const detail::ShmWindow& w, bool stream, std::size_t call_bytes) {
+std::size_t chunk_bytes(const detail::ShmWindow& w, bool stream, std::size_t call_bytes, ChunkUse use) {
   const std::size_t slot = w.slot_bytes();
-  if (stream || call_bytes <= slot) return slot;
+  const bool cut_one_slot = use == ChunkUse::copy && w.oversubscribed();
+  if (stream || (call_bytes <= slot && !cut_one_slot)) return slot;
   const auto half_l2 = static_cast<std::size_t>(w.l2_bytes() / 2);
   return std::min(slot, std::max(std::size_t{256} << 10, half_l2) / 4096 * 4096);
 }

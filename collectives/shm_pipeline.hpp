@@ -173,16 +173,28 @@ bool stream_outputs(const Group& g, std::size_t in_bytes, std::size_t out_bytes)
 // and reduce's 7.2-7.6 -> 5.6-6.1 ms; docs/performance.md).
 bool stream_reduced(const Group& g, std::uint64_t node_bytes);
 
-// The bytes of a slot one chunk of a call fills, for a call that copies
+// What a call's stages do with a chunk: only copy it (broadcast,
+// all-gather: a peer copies a chunk out as soon as it is in the slot) or
+// reduce it (all-reduce).
+enum class ChunkUse { copy, reduce };
+
+// The bytes of a slot one chunk of a call fills, for a call that moves
 // `call_bytes` (per rank) through the slots: the whole slot for a streamed
-// call or one that fits in a single slot (every chunk costs a hand-off);
-// otherwise half the level-2 cache (the window's l2_bytes; at least 256
-// KiB) if that is less, since a chunk read from a peer's slot and the
+// call; otherwise half the level-2 cache (the window's l2_bytes; at least
+// 256 KiB) if that is less, since a chunk read from a peer's slot and the
 // output it is written to both pass through that cache, and a chunk that
 // overflows it is written back and read again from the shared cache (2
 // ranks, 1 MiB level 2: 1 MiB chunks made 2-8 MB all-gathers 1.2-1.9x
-// slower than 512 KiB ones).
-std::size_t chunk_bytes(const detail::ShmWindow& w, bool stream, std::size_t call_bytes);
+// slower than 512 KiB ones). A call that fits in one slot stays one chunk
+// (every chunk costs a hand-off; two made a 1 MB broadcast 1.2-1.7x slower
+// on 2 bound ranks of an earlier host, level on the Zen 5 one), but for
+// the copying calls where the ranks outnumber the cores: there the peers,
+// taking turns on the cores with the writer, copy out its first chunk
+// while the next is written. The 4-rank broadcast of 1 MB (1 MiB slots)
+// took 2.6x as long as one chunk; cut in two, the all-reduce gained
+// nothing (docs/performance-log.md, "More ranks than cores on the Zen 5
+// host").
+std::size_t chunk_bytes(const detail::ShmWindow& w, bool stream, std::size_t call_bytes, ChunkUse use);
 
 // A steady clock cheap enough to read around every call.
 std::uint64_t ticks() noexcept;

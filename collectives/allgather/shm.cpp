@@ -29,7 +29,7 @@ Status shm::all_gather(Group& g, const detail::ShmWindow::CallSig& sig, const vo
   const std::size_t block_max = layout.max_len();
   if (block_max == 0) return {};
   const bool stream = stream_outputs(g, own_in_place ? 0 : layout.len(me) * es, layout.count * es);
-  std::size_t C = chunk_bytes(w, stream, block_max * es) / es;
+  std::size_t C = chunk_bytes(w, stream, block_max * es, ChunkUse::copy) / es;
   C = std::max(unit, C / unit * unit);
   const std::size_t chunks = (block_max + C - 1) / C;
   auto out_copy = stream ? copy_stream : copy;

@@ -226,7 +226,7 @@ Status run(Group& g, const CollArgs& a) {
   // my share's result instead.
   const std::size_t unit = shm::line_elems(es) * static_cast<std::size_t>(n);
   const bool stream = shm::stream_outputs(g, a.sendbuf == a.recvbuf ? 0 : bytes, bytes);
-  const std::size_t C = std::max(unit, shm::chunk_bytes(w, stream, bytes) / es / unit * unit);
+  const std::size_t C = std::max(unit, shm::chunk_bytes(w, stream, bytes, shm::ChunkUse::reduce) / es / unit * unit);
   const std::size_t chunks = (a.count + C - 1) / C;
   auto out_copy = stream ? shm::copy_stream : shm::copy;
   // Through memory, my share's result is streamed to my slot and my output:

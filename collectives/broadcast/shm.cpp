@@ -45,7 +45,7 @@ Status run(Group& g, const CollArgs& a) {
   detail::ShmWindow& w = *g.shm();
   const std::size_t es = a.elem_size(), unit = shm::line_elems(es);
   const bool stream = stream_broadcast(g, a.count * es);
-  std::size_t C = shm::chunk_bytes(w, stream, a.count * es) / es;
+  std::size_t C = shm::chunk_bytes(w, stream, a.count * es, shm::ChunkUse::copy) / es;
   C = std::max(unit, C / unit * unit);
   const std::size_t chunks = (a.count + C - 1) / C;
   const auto* in = static_cast<const std::byte*>(a.sendbuf);

@@ -260,6 +260,10 @@ constexpr std::size_t kBigBytes = 3u << 20;
 // large input to a slot and to the output in one pass): those paths run
 // only for the shm and default algorithms' calls of this size.
 constexpr std::size_t kStreamBytes = 12u << 20;
+// A broadcast that fits one slot (1 MiB from 2 to 4 ranks) but passes half
+// the level 2: where the ranks outnumber the cores it is cut into chunks
+// too (shm::chunk_bytes), elsewhere it is one.
+constexpr std::size_t kOneSlotBytes = 768u << 10;
 
 class Matrix : public ::testing::TestWithParam<Param> {};
 
@@ -308,6 +312,13 @@ TEST_P(Matrix, BitExact) {
         const std::size_t count = testing::count_for_bytes(p.kind, kStreamBytes, b.dt, n) | 1;
         for (bool in_place : places) {
           CollCase cc{p.kind, b.dt, b.op, count, n - 1, n};
+          if (!run_case(*c, cc, in_place, p.algo, tally)) return false;
+        }
+      }
+      if (p.kind == CollKind::broadcast) {
+        const std::size_t count = testing::count_for_bytes(p.kind, kOneSlotBytes, DataType::f32, n) | 1;
+        for (bool in_place : places) {
+          CollCase cc{p.kind, DataType::f32, ReduceOp::sum, count, n - 1, n};
           if (!run_case(*c, cc, in_place, p.algo, tally)) return false;
         }
       }

@@ -6,10 +6,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "shm_pipeline.hpp"
+#include "shm_window.hpp"
 
 namespace cclz {
 namespace {
@@ -98,6 +100,38 @@ TEST(ShmCopies, EveryLengthAndAlignment) {
         }
       }
     }
+  }
+}
+
+// How a call is cut into chunks (shm::chunk_bytes), on 1 MiB slots and a
+// 1 MiB level 2: past one slot into half-level-2 chunks; within one slot,
+// only a copying call where the ranks outnumber the cores, so that peers
+// start on the first chunk while the next is written; a streamed call
+// fills whole slots.
+TEST(ShmChunks, CopyingCallsWithMoreRanksThanCoresAreCutWithinOneSlot) {
+  detail::ShmWindow::Geometry g;
+  g.local_size = 2;
+  g.slots = 4;
+  g.slot_bytes = std::size_t{1} << 20;
+  g.l2_bytes = std::uint64_t{1} << 20;
+  g.llc_bytes = std::uint64_t{32} << 20;
+  std::shared_ptr<detail::ShmSegment> seg;
+  ASSERT_TRUE(detail::ShmWindow::create_anonymous(g, &seg).ok());
+  const detail::ShmWindow bound(seg, {0, 1}, 0, false), crowded(seg, {0, 1}, 0, true);
+  constexpr std::size_t KiB = 1024;
+  using coll::shm::chunk_bytes;
+  using coll::shm::ChunkUse;
+  for (std::size_t call : {std::size_t{600} * KiB, std::size_t{1024} * KiB}) {
+    EXPECT_EQ(chunk_bytes(crowded, false, call, ChunkUse::copy), 512 * KiB) << call;
+    EXPECT_EQ(chunk_bytes(crowded, false, call, ChunkUse::reduce), 1024 * KiB) << call;
+    EXPECT_EQ(chunk_bytes(bound, false, call, ChunkUse::copy), 1024 * KiB) << call;
+    EXPECT_EQ(chunk_bytes(bound, false, call, ChunkUse::reduce), 1024 * KiB) << call;
+  }
+  for (const detail::ShmWindow* w : {&bound, &crowded}) {
+    EXPECT_EQ(chunk_bytes(*w, false, 4096 * KiB, ChunkUse::reduce), 512 * KiB);
+    EXPECT_EQ(chunk_bytes(*w, false, 4096 * KiB, ChunkUse::copy), 512 * KiB);
+    EXPECT_EQ(chunk_bytes(*w, true, 1024 * KiB, ChunkUse::copy), 1024 * KiB);
+    EXPECT_EQ(chunk_bytes(*w, true, 4096 * KiB, ChunkUse::reduce), 1024 * KiB);
   }
 }
 
