@@ -152,6 +152,11 @@ void copy_in(void* dst, const void* src, std::size_t n) noexcept;
 // copy_and_stream copies src both into a slot and to an output (bypassing
 // the cache) in one pass; the slot too bypasses it when `slot_streamed`.
 void copy_and_stream(void* slot, void* out, const void* src, std::size_t n, bool slot_streamed = false) noexcept;
+// The large copies above move 64-byte lines as two 256-bit vectors where
+// the CPU has AVX2 (the default), otherwise as four 128-bit ones. Sets the
+// wide form for the whole process (for tests, which check both); returns
+// false, changing nothing, where the CPU lacks AVX2.
+bool set_wide_copies(bool wide) noexcept;
 
 // Whether a call writes its outputs with streaming stores: when the node's
 // buffers (every local rank's in_bytes + out_bytes; pass in_bytes 0 in
