@@ -63,10 +63,9 @@ inline void line(std::byte* slot, std::byte* out, const std::byte* src, std::siz
 }
 
 // line() with two 256-bit vectors. Streaming stores of a quarter line
-// each, four lines open at once (one a page), ran at half this speed on a
-// Zen 5 host, whose write-combining evidently closes partly written lines
-// early: 2 processes each streaming 64 MB out of the cache, 8.5-11.1
-// against 16.4-18.6 GB/s a process (docs/performance-log.md).
+// each, four lines open at once (one a page), ran at about half this speed
+// on a Zen 5 host: 2 processes each streaming 64 MB out of the cache,
+// 8.5-11.1 against 16.4-18.6 GB/s a process (docs/performance-log.md).
 template <bool kStream, bool kToSlot, bool kSlotStreamed>
 __attribute__((target("avx2"))) inline void line_avx2(std::byte* slot, std::byte* out, const std::byte* src,
                                                      std::size_t at) noexcept {
@@ -128,7 +127,9 @@ std::atomic<bool> wide_lines{has_avx2};
 
 template <bool kStream, bool kToSlot = false, bool kSlotStreamed = false>
 std::size_t lines(std::byte* slot, std::byte* out, const std::byte* src, std::size_t from, std::size_t n) noexcept {
-  if (wide_lines.load(std::memory_order_relaxed)) return lines_avx2<kStream, kToSlot, kSlotStreamed>(slot, out, src, from, n);
+  if (wide_lines.load(std::memory_order_relaxed)) {
+    return lines_avx2<kStream, kToSlot, kSlotStreamed>(slot, out, src, from, n);
+  }
   return lines_sse<kStream, kToSlot, kSlotStreamed>(slot, out, src, from, n);
 }
 

@@ -77,40 +77,41 @@ TEST(ShmCopies, EveryLengthAndAlignment) {
   const std::size_t longest = (std::size_t{200} << 10) + 4096 + 17;
   const std::vector<std::byte> source = pattern(longest + 64);
   for (bool wide : {false, true}) {
-  if (!coll::shm::set_wide_copies(wide)) {
-    std::cout << "[ NOTE     ] no AVX2 on this CPU: the 256-bit copies are not built to run here\n";
-    continue;
-  }
-  for (std::size_t n : lengths()) {
-    for (std::size_t src_off : {0, 1, 16, 33}) {
-      for (std::size_t dst_off : {0, 5, 16, 48, 63}) {
-        const std::byte* src = source.data() + src_off;
-        const std::string at = "n " + std::to_string(n) + ", src +" + std::to_string(src_off) + ", dst +" +
-                               std::to_string(dst_off);
-        Dest plain(n, dst_off), in(n, dst_off), stream(n, dst_off);
-        coll::shm::copy(plain.data(), src, n);
-        EXPECT_EQ(plain.check(src, n), "") << "copy, " << at << (wide ? ", wide" : ", narrow");
-        coll::shm::copy_in(in.data(), src, n);
-        EXPECT_EQ(in.check(src, n), "") << "copy_in, " << at << (wide ? ", wide" : ", narrow");
-        coll::shm::copy_stream(stream.data(), src, n);
-        EXPECT_EQ(stream.check(src, n), "") << "copy_stream, " << at << (wide ? ", wide" : ", narrow");
-        // The slot aligned like the output (one pass) and not (two): 8 or
-        // 16 bytes apart, alike mod 16 but on different line offsets.
-        for (std::size_t slot_off : {dst_off, dst_off + 8, dst_off + 16}) {
-          for (bool slot_streamed : {false, true}) {
-            Dest slot(n, slot_off), out(n, dst_off);
-            coll::shm::copy_and_stream(slot.data(), out.data(), src, n, slot_streamed);
-            const std::string which = std::string(wide ? "wide, " : "narrow, ") + (slot_streamed ? "streamed" : "cached") + " slot +" +
-                                      std::to_string(slot_off) + ", " + at;
-            EXPECT_EQ(slot.check(src, n), "") << "copy_and_stream slot, " << which;
-            EXPECT_EQ(out.check(src, n), "") << "copy_and_stream output, " << which;
+    if (!coll::shm::set_wide_copies(wide)) {
+      std::cout << "[ NOTE     ] no AVX2 on this CPU: the 256-bit copies are not built to run here\n";
+      continue;
+    }
+    const std::string form = wide ? ", wide" : ", narrow";
+    for (std::size_t n : lengths()) {
+      for (std::size_t src_off : {0, 1, 16, 33}) {
+        for (std::size_t dst_off : {0, 5, 16, 48, 63}) {
+          const std::byte* src = source.data() + src_off;
+          const std::string at = "n " + std::to_string(n) + ", src +" + std::to_string(src_off) + ", dst +" +
+                                 std::to_string(dst_off) + form;
+          Dest plain(n, dst_off), in(n, dst_off), stream(n, dst_off);
+          coll::shm::copy(plain.data(), src, n);
+          EXPECT_EQ(plain.check(src, n), "") << "copy, " << at;
+          coll::shm::copy_in(in.data(), src, n);
+          EXPECT_EQ(in.check(src, n), "") << "copy_in, " << at;
+          coll::shm::copy_stream(stream.data(), src, n);
+          EXPECT_EQ(stream.check(src, n), "") << "copy_stream, " << at;
+          // The slot aligned like the output (one pass) and not (two): 8 or
+          // 16 bytes apart, alike mod 16 but on different line offsets.
+          for (std::size_t slot_off : {dst_off, dst_off + 8, dst_off + 16}) {
+            for (bool slot_streamed : {false, true}) {
+              Dest slot(n, slot_off), out(n, dst_off);
+              coll::shm::copy_and_stream(slot.data(), out.data(), src, n, slot_streamed);
+              const std::string which = std::string(slot_streamed ? "streamed" : "cached") + " slot +" +
+                                        std::to_string(slot_off) + ", " + at;
+              EXPECT_EQ(slot.check(src, n), "") << "copy_and_stream slot, " << which;
+              EXPECT_EQ(out.check(src, n), "") << "copy_and_stream output, " << which;
+            }
           }
         }
       }
     }
   }
-  }
-  coll::shm::set_wide_copies(true);
+  coll::shm::set_wide_copies(true);  // back to the default where the CPU has AVX2
 }
 
 // How a call is cut into chunks (shm::chunk_bytes), on 1 MiB slots and a
