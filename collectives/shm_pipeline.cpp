@@ -87,35 +87,29 @@ __attribute__((target("avx2"))) inline void line_avx2(std::byte* slot, std::byte
 }
 
 // The whole lines of [from, n), kStreams pages side by side while they
-// last; returns where the whole lines end. The walk is written out twice,
-// because a function built for AVX2 cannot be inlined into one that is not.
-template <bool kStream, bool kToSlot, bool kSlotStreamed>
-std::size_t lines_sse(std::byte* slot, std::byte* out, const std::byte* src, std::size_t from,
-                      std::size_t n) noexcept {
+// last, each moved by Line; returns where the whole lines end. Inlined
+// into each entry below, so that the AVX2 one inlines its lines too.
+template <auto Line>
+[[gnu::always_inline]] inline std::size_t walk(std::byte* slot, std::byte* out, const std::byte* src,
+                                               std::size_t from, std::size_t n) noexcept {
   std::size_t i = from;
   for (; i + kInterleaved <= n; i += kInterleaved) {
     for (std::size_t j = 0; j < kPage; j += 64) {
-      for (std::size_t k = 0; k < kStreams; ++k) {
-        line<kStream, kToSlot, kSlotStreamed>(slot, out, src, i + k * kPage + j);
-      }
+      for (std::size_t k = 0; k < kStreams; ++k) Line(slot, out, src, i + k * kPage + j);
     }
   }
-  for (; i + 64 <= n; i += 64) line<kStream, kToSlot, kSlotStreamed>(slot, out, src, i);
+  for (; i + 64 <= n; i += 64) Line(slot, out, src, i);
   return i;
+}
+template <bool kStream, bool kToSlot, bool kSlotStreamed>
+std::size_t lines_sse(std::byte* slot, std::byte* out, const std::byte* src, std::size_t from,
+                      std::size_t n) noexcept {
+  return walk<line<kStream, kToSlot, kSlotStreamed>>(slot, out, src, from, n);
 }
 template <bool kStream, bool kToSlot, bool kSlotStreamed>
 __attribute__((target("avx2"))) std::size_t lines_avx2(std::byte* slot, std::byte* out, const std::byte* src,
                                                        std::size_t from, std::size_t n) noexcept {
-  std::size_t i = from;
-  for (; i + kInterleaved <= n; i += kInterleaved) {
-    for (std::size_t j = 0; j < kPage; j += 64) {
-      for (std::size_t k = 0; k < kStreams; ++k) {
-        line_avx2<kStream, kToSlot, kSlotStreamed>(slot, out, src, i + k * kPage + j);
-      }
-    }
-  }
-  for (; i + 64 <= n; i += 64) line_avx2<kStream, kToSlot, kSlotStreamed>(slot, out, src, i);
-  return i;
+  return walk<line_avx2<kStream, kToSlot, kSlotStreamed>>(slot, out, src, from, n);
 }
 // Once, at load (before libgcc's own initialiser may have run, hence the
 // init).
