@@ -314,8 +314,8 @@ Status ShmWindow::create_named(const Geometry& g, std::string* name, std::shared
   }
   // MAP_POPULATE maps every page now (8 MiB for 2 ranks: 1-3 ms, once);
   // otherwise a slot's first use in a collective faults on each of its
-  // pages (about 200 us per 1 MiB slot, measured on 2 bound ranks).
-  // open_named does the same, and each process touches its mapping
+  // pages (about 200 us per 1 MiB slot, measured on 2 bound ranks). The
+  // other mappings below do the same, and each process touches its mapping
   // (touch_pages).
   void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
@@ -360,11 +360,9 @@ void ShmWindow::unlink_named(const std::string& name) noexcept { shm_unlink(name
 Status ShmWindow::create_anonymous(const Geometry& g, std::shared_ptr<ShmSegment>* out) {
   if (Status st = check_geometry(g); !st.ok()) return st;
   const std::size_t total = offsets(g).total;
-  // Neither populated nor touched: thread ranks are the unit tests', which
-  // make tens of thousands of windows and use few of their pages; touching
-  // every page took 5-7 s of the unit suite's 40-45 on the PVM test host.
-  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) return errno_status("mmap of " + std::to_string(total) + " bytes");
+  touch_pages(static_cast<std::byte*>(p), total);
   auto seg = std::make_shared<ShmSegment>(static_cast<std::byte*>(p), total, true);
   seg->init(g, total);
   *out = std::move(seg);

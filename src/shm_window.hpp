@@ -174,9 +174,7 @@ class ShmWindow {
   static Status create_named(const Geometry& g, std::string* name, std::shared_ptr<ShmSegment>* out);
   static Status open_named(const std::string& name, std::shared_ptr<ShmSegment>* out);
   static void unlink_named(const std::string& name) noexcept;
-  // One anonymous shared mapping for ranks that are threads of one process
-  // (the unit tests). Its pages fault in on first use: those tests check
-  // results, not speed, so the named windows' up-front touch is left out.
+  // One anonymous shared mapping for ranks that are threads of one process.
   static Status create_anonymous(const Geometry& g, std::shared_ptr<ShmSegment>* out);
 
   // `members`: the communicator ranks of the node in local order; `index`:
