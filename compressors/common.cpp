@@ -32,6 +32,14 @@ void load_f32(std::span<const std::byte> src, DataType dt, std::span<float> dst)
   }
 }
 
+std::span<const float> f32_view(std::span<const std::byte> src, DataType dt, std::size_t n,
+                                std::vector<float>& widened) {
+  if (dt == DataType::f32) return as_f32(src);
+  widened.resize(n);
+  load_f32(src, dt, widened);
+  return widened;
+}
+
 void store_f32(std::span<const float> src, DataType dt, std::span<std::byte> dst) noexcept {
   if (src.empty()) return;
   switch (dt) {

@@ -26,6 +26,10 @@ inline std::span<const float> as_f32(std::span<const std::byte> b) noexcept {
 
 // dst[i] = float(src[i]); src holds dst.size() elements of dt (f32, f16, bf16).
 void load_f32(std::span<const std::byte> src, DataType dt, std::span<float> dst) noexcept;
+// `src` (n elements of dt) as f32: src itself for f32, else widened into
+// `widened` (resized to n), which the result then points into.
+std::span<const float> f32_view(std::span<const std::byte> src, DataType dt, std::size_t n,
+                                std::vector<float>& widened);
 // dst (src.size() elements of dt) = src rounded to nearest even.
 void store_f32(std::span<const float> src, DataType dt, std::span<std::byte> dst) noexcept;
 // acc[i] += alpha * float(src[i]).

@@ -71,14 +71,7 @@ class Dgc final : public Compressor {
     auto& st = static_cast<DgcState&>(state);
     const TensorDesc& d = st.desc();
     const std::size_t n = d.count;
-    const float* g;
-    if (d.dtype == DataType::f32) {
-      g = as_f32(grad).data();
-    } else {
-      st.xf.resize(n);
-      load_f32(grad, d.dtype, st.xf);
-      g = st.xf.data();
-    }
+    const float* g = f32_view(grad, d.dtype, n, st.xf).data();
     float scale = 1.0f;
     if (clip_ > 0) {
       double ss = 0;

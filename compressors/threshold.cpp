@@ -31,14 +31,7 @@ class Threshold final : public Compressor {
   Status on_begin(CompressorState& state, std::span<const std::byte> grad, Payload* out) const override {
     auto& st = static_cast<ThresholdState&>(state);
     const TensorDesc& d = st.desc();
-    std::span<const float> x;
-    if (d.dtype == DataType::f32) {
-      x = as_f32(grad);
-    } else {
-      st.xf.resize(d.count);
-      load_f32(grad, d.dtype, st.xf);
-      x = st.xf;
-    }
+    const std::span<const float> x = f32_view(grad, d.dtype, d.count, st.xf);
     select_at_least(x, tau_, &st.idx);
     sparse_write(st.idx, grad, d.dtype, &out->bytes);
     out->aggregation = Aggregation::gather_only;

@@ -35,14 +35,7 @@ class Topk final : public Compressor {
   Status on_begin(CompressorState& state, std::span<const std::byte> grad, Payload* out) const override {
     auto& st = static_cast<TopkState&>(state);
     const TensorDesc& d = st.desc();
-    std::span<const float> x;
-    if (d.dtype == DataType::f32) {
-      x = as_f32(grad);
-    } else {
-      st.xf.resize(d.count);
-      load_f32(grad, d.dtype, st.xf);
-      x = st.xf;
-    }
+    const std::span<const float> x = f32_view(grad, d.dtype, d.count, st.xf);
     const std::size_t k = count_for_ratio(ratio_, d.count);
     if (approx_) {
       topk_sampled(x, k, mix_seed(seed_, st.step(), 0), st.sel, &st.idx);
