@@ -601,16 +601,41 @@ CCLZ_TARGET_V4 CCLZ_INLINE void reduce_f16_step(u16_u* d, u16_u* c, const u16_u*
   if constexpr (kCopy) _mm256_mask_storeu_epi16(c, m, h);
 }
 
+// Two-input 16-bit reductions of up to kAheadMaxElems elements prefetch
+// each source kAheadBytes ahead. Such a call's sources are mostly a peer's
+// slot, written moments before in the other core's cache, and the 16-bit
+// step's conversions fill the vector scheduler before many of those lines
+// are on their way; f32's step has few enough uops that they are. 2 bound
+// ranks, the host's slow state, bf16/f32 median call at 16 and 64 KB:
+// 0.85/0.78 -> 0.94/0.88 with the same build (docs/performance-log.md,
+// "prefetch-1202"); level in its fast state. Larger calls read from
+// memory, where software prefetch slowed every type (docs/performance.md).
+constexpr std::size_t kAheadBytes = 1024;
+constexpr std::size_t kAheadMaxElems = std::size_t{128} << 10;
+CCLZ_INLINE void prefetch_ahead(const u16_u* a, const u16_u* b) noexcept {
+  // As addresses: a line past the end of a source is never formed as a pointer.
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(a) + kAheadBytes), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(b) + kAheadBytes), _MM_HINT_T0);
+}
+
 // The two-input f16 loop around STEP(d, c, a, b, mask), a 16-element step:
 // two steps per iteration (1.2x faster in the cache than one), then single
-// steps, then a masked tail. A macro, so that each loop is compiled for its
-// own target with its step inlined.
-#define CCLZ_F16_PAIR_LOOP(STEP)                                                          \
+// steps, then a masked tail; with AHEAD, prefetch_ahead once per iteration
+// (one line of each source) for calls of up to kAheadMaxElems. A macro, so
+// that each loop is compiled for its own target with its step inlined.
+#define CCLZ_F16_PAIR_LOOP(STEP, AHEAD)                                                   \
   u16_u* d = static_cast<u16_u*>(dst);                                                     \
   u16_u* c = static_cast<u16_u*>(copy);                                                    \
   const u16_u* pa = static_cast<const u16_u*>(a);                                          \
   const u16_u* pb = static_cast<const u16_u*>(b);                                          \
   std::size_t i = 0;                                                                       \
+  if (AHEAD && n <= kAheadMaxElems) {                                                      \
+    for (; i + 32 <= n; i += 32) {                                                         \
+      prefetch_ahead(pa + i, pb + i);                                                      \
+      STEP(d + i, c + i, pa + i, pb + i, kFull16);                                         \
+      STEP(d + i + 16, c + i + 16, pa + i + 16, pb + i + 16, kFull16);                     \
+    }                                                                                      \
+  }                                                                                        \
   for (; i + 32 <= n; i += 32) {                                                           \
     STEP(d + i, c + i, pa + i, pb + i, kFull16);                                           \
     STEP(d + i + 16, c + i + 16, pa + i + 16, pb + i + 16, kFull16);                       \
@@ -620,7 +645,7 @@ CCLZ_TARGET_V4 CCLZ_INLINE void reduce_f16_step(u16_u* d, u16_u* c, const u16_u*
 
 template <class Op, bool kCopy>
 CCLZ_TARGET_V4 void reduce_f16_512(void* dst, void* copy, const void* a, const void* b, std::size_t n) noexcept {
-  CCLZ_F16_PAIR_LOOP((reduce_f16_step<Op, kCopy>))
+  CCLZ_F16_PAIR_LOOP((reduce_f16_step<Op, kCopy>), true)
 }
 
 CCLZ_TARGET_V4 CCLZ_INLINE void widen_step(f32_u* out, const u16_u* in, __mmask16 m) noexcept {
@@ -698,6 +723,12 @@ CCLZ_TARGET_V4 void reduce_bf16_512(void* dst, void* copy, const void* a, const 
   const u16_u* pa = static_cast<const u16_u*>(a);
   const u16_u* pb = static_cast<const u16_u*>(b);
   std::size_t i = 0;
+  if (n <= kAheadMaxElems) {  // as CCLZ_F16_PAIR_LOOP's AHEAD
+    for (; i + 32 <= n; i += 32) {
+      prefetch_ahead(pa + i, pb + i);
+      reduce_bf16_step<Op, kCopy>(d + i, c + i, pa + i, pb + i, kFull32);
+    }
+  }
   for (; i + 32 <= n; i += 32) reduce_bf16_step<Op, kCopy>(d + i, c + i, pa + i, pb + i, kFull32);
   if (i < n) reduce_bf16_step<Op, kCopy>(d + i, c + i, pa + i, pb + i, mask32(n - i));
 }
@@ -748,7 +779,7 @@ CCLZ_TARGET_FP16 CCLZ_INLINE void reduce_ph_step(u16_u* d, u16_u* c, const u16_u
 template <class Op, bool kCopy>
 CCLZ_TARGET_FP16 void reduce_f16_native(void* dst, void* copy, const void* a, const void* b,
                                         std::size_t n) noexcept {
-  CCLZ_F16_PAIR_LOOP((reduce_ph_step<Op, kCopy>))
+  CCLZ_F16_PAIR_LOOP((reduce_ph_step<Op, kCopy>), false)
 }
 
 // k bf16 sources folded in registers, one step of every source at a time:

@@ -553,6 +553,37 @@ TEST(KernelsReduce, EveryVariantDtypeOpCountAliasAndAlignment) {
   }
 }
 
+// Calls past the 128 Ki elements up to which the two-input 16-bit steps
+// prefetch their sources (kernels.cpp, kAheadMaxElems) take the other
+// loop: every float type, op and variant at a count above it whose
+// remainder takes a 16-element step and a masked tail, aligned and not.
+TEST(KernelsReduce, LongCallsEveryVariant) {
+  std::mt19937_64 rng(11);
+  constexpr std::size_t n = (std::size_t{128} << 10) + 49;
+  for (const kernels::Variant* v : variants()) {
+    for (DataType dt : {DataType::f32, DataType::f16, DataType::bf16}) {
+      const std::size_t es = cclz::dtype_size(dt);
+      for (ReduceOp op : kOps) {
+        for (std::size_t off : {std::size_t{0}, std::size_t{1}}) {
+          SCOPED_TRACE(case_name(v, dt, op, n, "distinct", off));
+          std::vector<std::vector<unsigned char>> in(2, std::vector<unsigned char>(n * es));
+          fill_random(dt, in[0].data(), n, rng);
+          fill_random(dt, in[1].data(), n, rng);
+          const std::size_t span = n * es + 64;
+          std::vector<unsigned char> arena(3 * span, 0xa5);
+          unsigned char* a = arena.data() + off;
+          unsigned char* b = arena.data() + span + off + 2 * off;
+          unsigned char* d = arena.data() + 2 * span + off;
+          copy_bytes(a, in[0].data(), n * es);
+          copy_bytes(b, in[1].data(), n * es);
+          v->reduce(d, a, b, n, dt, op);
+          ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
+        }
+      }
+    }
+  }
+}
+
 // Every f16 and bf16 pattern as the first operand, against second operands
 // that make ties, cancellations, overflows and subnormal results (each
 // pattern's neighbour, itself negated, one and eleven binades up, and a
