@@ -606,9 +606,9 @@ CCLZ_TARGET_V4 CCLZ_INLINE void reduce_f16_step(u16_u* d, u16_u* c, const u16_u*
 // slot, written moments before in the other core's cache, and the 16-bit
 // step's conversions fill the vector scheduler before many of those lines
 // are on their way; f32's step has few enough uops that they are. 2 bound
-// ranks, the host's slow state, bf16/f32 median call at 16 and 64 KB:
-// 0.85/0.78 -> 0.94/0.88 with the same build (docs/performance-log.md,
-// "prefetch-1202"); level in its fast state. Larger calls read from
+// ranks, bf16/f32 by the median call at 16-64 KB: 0.79-0.89 -> 0.83-0.96
+// in the host's slow state, 64 KB 0.90-0.98 -> 0.98-1.02 in its fast one
+// (docs/performance-log.md, "prefetch-1202"). Larger calls read from
 // memory, where software prefetch slowed every type (docs/performance.md).
 constexpr std::size_t kAheadBytes = 1024;
 constexpr std::size_t kAheadMaxElems = std::size_t{128} << 10;

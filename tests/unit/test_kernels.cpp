@@ -515,36 +515,43 @@ std::string case_name(const kernels::Variant* v, DataType dt, ReduceOp op, std::
 // ---------------------------------------------------------------------------
 // reduce
 
+enum Alias { distinct, dst_is_a, dst_is_b, all_same };
+const char* const kAliasNames[] = {"distinct", "dst==a", "dst==b", "dst==a==b"};
+
+// One two-input reduce of n random elements against the reference: three
+// separate arenas, each pointer at byte offset off (+ a different one for
+// b, so a and b are misaligned differently), dst aliased as `alias` says.
+::testing::AssertionResult reduce_case(const kernels::Variant* v, DataType dt, ReduceOp op, std::size_t n,
+                                       int alias, std::size_t off, std::mt19937_64& rng) {
+  const std::size_t es = cclz::dtype_size(dt);
+  std::vector<std::vector<unsigned char>> in(2, std::vector<unsigned char>(n * es));
+  fill_random(dt, in[0].data(), n, rng);
+  fill_random(dt, in[1].data(), n, rng);
+  if (alias == all_same) in[1] = in[0];
+  const std::size_t span = n * es + 64;
+  std::vector<unsigned char> arena(3 * span, 0xa5);
+  unsigned char* a = arena.data() + off;
+  unsigned char* b = arena.data() + span + off + (off ? 2 : 0);
+  unsigned char* d = arena.data() + 2 * span + off;
+  copy_bytes(a, in[0].data(), n * es);
+  copy_bytes(b, in[1].data(), n * es);
+  if (alias == dst_is_a) d = a;
+  if (alias == dst_is_b) d = b;
+  if (alias == all_same) d = b = a;
+  v->reduce(d, a, b, n, dt, op);
+  return check_result(dt, op, d, n, in, d + n * es);
+}
+
 TEST(KernelsReduce, EveryVariantDtypeOpCountAliasAndAlignment) {
   std::mt19937_64 rng(42);
-  enum Alias { distinct, dst_is_a, dst_is_b, all_same };
-  const char* alias_names[] = {"distinct", "dst==a", "dst==b", "dst==a==b"};
   for (const kernels::Variant* v : variants()) {
     for (DataType dt : cclz::kAllDataTypes) {
-      const std::size_t es = cclz::dtype_size(dt);
       for (ReduceOp op : kOps) {
         for (std::size_t n : kCounts) {
           for (int alias = distinct; alias <= all_same; ++alias) {
             for (std::size_t off : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
-              SCOPED_TRACE(case_name(v, dt, op, n, alias_names[alias], off));
-              std::vector<std::vector<unsigned char>> in(2, std::vector<unsigned char>(n * es));
-              fill_random(dt, in[0].data(), n, rng);
-              fill_random(dt, in[1].data(), n, rng);
-              if (alias == all_same) in[1] = in[0];
-              // Three separate arenas; each pointer at byte offset off (+ a
-              // different one for b, so a and b are misaligned differently).
-              const std::size_t span = n * es + 64;
-              std::vector<unsigned char> arena(3 * span, 0xa5);
-              unsigned char* a = arena.data() + off;
-              unsigned char* b = arena.data() + span + off + (off ? 2 : 0);
-              unsigned char* d = arena.data() + 2 * span + off;
-              copy_bytes(a, in[0].data(), n * es);
-              copy_bytes(b, in[1].data(), n * es);
-              if (alias == dst_is_a) d = a;
-              if (alias == dst_is_b) d = b;
-              if (alias == all_same) d = b = a;
-              v->reduce(d, a, b, n, dt, op);
-              ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
+              SCOPED_TRACE(case_name(v, dt, op, n, kAliasNames[alias], off));
+              ASSERT_TRUE(reduce_case(v, dt, op, n, alias, off, rng));
             }
           }
         }
@@ -562,22 +569,10 @@ TEST(KernelsReduce, LongCallsEveryVariant) {
   constexpr std::size_t n = (std::size_t{128} << 10) + 49;
   for (const kernels::Variant* v : variants()) {
     for (DataType dt : {DataType::f32, DataType::f16, DataType::bf16}) {
-      const std::size_t es = cclz::dtype_size(dt);
       for (ReduceOp op : kOps) {
         for (std::size_t off : {std::size_t{0}, std::size_t{1}}) {
-          SCOPED_TRACE(case_name(v, dt, op, n, "distinct", off));
-          std::vector<std::vector<unsigned char>> in(2, std::vector<unsigned char>(n * es));
-          fill_random(dt, in[0].data(), n, rng);
-          fill_random(dt, in[1].data(), n, rng);
-          const std::size_t span = n * es + 64;
-          std::vector<unsigned char> arena(3 * span, 0xa5);
-          unsigned char* a = arena.data() + off;
-          unsigned char* b = arena.data() + span + off + 2 * off;
-          unsigned char* d = arena.data() + 2 * span + off;
-          copy_bytes(a, in[0].data(), n * es);
-          copy_bytes(b, in[1].data(), n * es);
-          v->reduce(d, a, b, n, dt, op);
-          ASSERT_TRUE(check_result(dt, op, d, n, in, d + n * es));
+          SCOPED_TRACE(case_name(v, dt, op, n, kAliasNames[distinct], off));
+          ASSERT_TRUE(reduce_case(v, dt, op, n, distinct, off, rng));
         }
       }
     }
