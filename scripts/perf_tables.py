@@ -26,7 +26,7 @@ two-copier bandwidth the runs measured.
 --plot FILE.png also draws the bandwidth curves: bus bandwidth against size
 (log scale), one panel per buffer kind, a line per series (algorithm, type
 and op: -A all, -d f32,bf16,f16 and -o sum,avg give several), MPI's per
-type and op, and for the all-reduce the memory roofline where it binds. A
+type and op, and the collective's memory roofline where it binds. A
 single series is drawn out of place and in place. Lines are medians over
 the runs; the shaded band around each cclz line spans the runs' lowest and
 highest out-of-place busbw.

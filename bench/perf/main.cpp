@@ -425,12 +425,14 @@ Row Bench::measure(const std::string& algorithm, DataType dt, ReduceOp op, std::
     }
   }
 
-  if (info_.roof && o_.kind == CollKind::all_reduce && row.bytes > 0 && info_.copy_bw_n > 0) {
-    // T(S, n) = 2 n S bytes must cross the memory bus (docs/performance.md).
-    const double t_roof = 2.0 * n_ * static_cast<double>(row.bytes) / info_.copy_bw_n;
+  if (info_.roof && row.bytes > 0 && info_.copy_bw_n > 0) {
+    // At least T = traffic * S bytes cross the memory bus (all-reduce: 2 n S;
+    // coll_desc.hpp, docs/performance.md).
+    const double traffic = testing::memory_traffic_factor(o_.kind, n_) * static_cast<double>(row.bytes);
+    const double t_roof = traffic / info_.copy_bw_n;
     row.has_roof = true;
     row.roof_busbw = factor * static_cast<double>(row.bytes) / t_roof / kGB;
-    row.roof_cached = 2.0 * n_ * static_cast<double>(row.bytes) <= static_cast<double>(info_.llc_bytes);
+    row.roof_cached = traffic <= static_cast<double>(info_.llc_bytes);
   }
   return row;
 }
@@ -562,7 +564,8 @@ int run(int argc, char** argv) {
   info.offset = o.offset;
   info.touch = o.touch;
   info.per_call = o.per_call;
-  info.roof = o.roofline && o.kind == CollKind::all_reduce && info.nodes == 1;
+  info.roof = o.roofline && info.nodes == 1;
+  info.roof_traffic = testing::memory_traffic_formula(o.kind);
   info.copy_measured = o.roofline;
   info.copiers_n = std::max(1, std::min(info.local_ranks, info.cores));
 

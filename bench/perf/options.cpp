@@ -146,8 +146,10 @@ over ranks (the slowest rank bounds the collective). algbw = size / time,
 busbw = algbw * factor (all_reduce 2(n-1)/n; reduce_scatter, all_gather,
 all_to_all (n-1)/n; broadcast, reduce 1), GB = 1e9 bytes. "algo" is the
 algorithm that ran, "mpi" the matching MPI call measured in the same run,
-"%roof" (all_reduce, one host) busbw as a share of the memory-copy roofline
-(docs/performance.md). Exits non-zero if any element was wrong.
+"%roof" (one host) busbw as a share of the memory-copy roofline: the call's
+least memory traffic (all_reduce, all_to_all 2*n*size; the others
+(n+1)*size) at the copy bandwidth of the run (docs/performance.md). Exits
+non-zero if any element was wrong.
 )";
   return u;
 }

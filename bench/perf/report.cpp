@@ -113,12 +113,12 @@ void print_header(std::FILE* f, const RunInfo& i) {
                  "then MPI's\n");
   }
   if (i.roof) {
-    std::fprintf(f, "# %%roof = busbw(out-of-place) / roofline busbw; roofline time = 2*n*size / (%d-copier "
-                 "bandwidth) (docs/performance.md)\n",
-                 i.copiers_n);
-    std::fprintf(f, "# %%roof marked * : the working set 2*n*size fits in the last-level cache (%zu MB), where "
+    std::fprintf(f, "# %%roof = busbw(out-of-place) / roofline busbw; roofline time = %s / (%d-copier "
+                 "bandwidth): the least memory traffic of the call (docs/performance.md)\n",
+                 i.roof_traffic.c_str(), i.copiers_n);
+    std::fprintf(f, "# %%roof marked * : the traffic %s fits in the last-level cache (%zu MB), where "
                  "the memory roofline does not bind\n",
-                 i.llc_bytes >> 20);
+                 i.roof_traffic.c_str(), i.llc_bytes >> 20);
   }
   std::fprintf(f, "#\n");
 }

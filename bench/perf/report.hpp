@@ -72,7 +72,8 @@ struct RunInfo {
   bool touch = false;         // --touch: buffers touched between calls, each call timed alone
   bool per_call = false;      // --per-call: p50 and p99 columns
   bool copy_measured = true;  // false with --no-roofline: the copy_bw fields are 0
-  bool roof = false;          // roofline column printed (all_reduce on one host)
+  bool roof = false;          // roofline column printed (one host)
+  std::string roof_traffic;   // the least memory traffic, as the header prints it: "2*n*size"
 };
 
 // The nearest-rank percentile `pct` (0-100] of `sorted` (ascending): the

@@ -22,7 +22,11 @@
    more calls p50 <= p99, and p99 (the slowest call, under 100 calls) is
    at least the mean of the slowest rank. Without it the fields are
    empty.
-6. perf_tables.py --plot: the markdown tables (headed by the copy
+6. The %roof column beyond the all-reduce: an all-gather and an all-to-all
+   on 3 ranks with the copy bandwidth measured print it, and the JSON's
+   roofline busbw is the collective's busbw factor times the measured
+   bandwidth over its least traffic ((n+1) and 2n times the size).
+7. perf_tables.py --plot: the markdown tables (headed by the copy
    bandwidth cclz-perf measured) and a PNG of the curves, from its own runs
    and from a CSV of step 1 (--from-csv, as scripts/main.sh); from a CSV of
    step 5, the median call's columns.
@@ -236,6 +240,30 @@ def check_png(path, what):
         fail(f"{what}: {path} is not a PNG of the curves ({head[:8]!r}, {width}x{height})")
 
 
+def check_roofline(tmp):
+    for coll, traffic in (("all_gather", 4), ("all_to_all", 6)):
+        path = os.path.join(tmp, f"{coll}-roof.json")
+        cmd = [MPIEXEC, "-n", "3", PERF, coll, "-b", "1M", "-e", "1M", "-n", "1", "-w", "1", "--no-mpi",
+               "--json", path]
+        rc, out, err = run(cmd)
+        if rc != 0 or "%roof" not in out or f"roofline time = {'2*n*size' if traffic == 6 else '(n+1)*size'}" not in out:
+            fail(f"{' '.join(cmd)}: exit {rc}, no %roof column or formula in the header\n{out[-2000:]}\n{err[-2000:]}")
+            continue
+        with open(path) as f:
+            doc = json.load(f)
+        bw, rows = doc.get("copy_bw_n_gbs"), doc["rows"]
+        if not bw or len(rows) != 1 or rows[0]["roof_busbw_gbs"] is None:
+            fail(f"{' '.join(cmd)}: copy bandwidth {bw!r}, rows {rows}")
+            continue
+        want = (2 / 3) * bw / traffic
+        got = rows[0]["roof_busbw_gbs"]
+        if abs(got - want) > 1e-3 * want:
+            fail(f"{' '.join(cmd)}: roofline busbw {got} GB/s, want {want} (2/3 of {bw} GB/s over {traffic})")
+        if rows[0]["roof_cached"] != (traffic * rows[0]["bytes"] <= doc["llc_bytes"]):
+            fail(f"{' '.join(cmd)}: roof_cached {rows[0]['roof_cached']} for {traffic} x {rows[0]['bytes']} bytes "
+                 f"against a {doc['llc_bytes']}-byte last level")
+
+
 def check_tables(tmp):
     png = os.path.join(tmp, "curves.png")
     cmd = [TABLES, "--runs", "2", "--ranks", "2", "--build", BUILD, "--mpiexec", MPIEXEC, "--plot", png, "all_reduce",
@@ -288,6 +316,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check_buffer_kinds(tmp)
     check_touch(tmp)
     check_per_call(tmp)
+    check_roofline(tmp)
     check_tables(tmp)
 
 if failures:

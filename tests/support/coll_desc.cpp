@@ -271,6 +271,31 @@ double busbw_factor(CollKind k, int nranks) noexcept {
   return 0.0;
 }
 
+double memory_traffic_factor(CollKind k, int nranks) noexcept {
+  const double n = std::max(1, nranks);
+  switch (k) {
+    case CollKind::all_reduce:
+    case CollKind::all_to_all:
+    case CollKind::all_to_allv: return 2.0 * n;
+    case CollKind::reduce_scatter:
+    case CollKind::all_gather:
+    case CollKind::broadcast:
+    case CollKind::reduce: return n + 1.0;
+    case CollKind::barrier: return 0.0;
+  }
+  return 0.0;
+}
+
+const char* memory_traffic_formula(CollKind k) noexcept {
+  switch (k) {
+    case CollKind::all_reduce:
+    case CollKind::all_to_all:
+    case CollKind::all_to_allv: return "2*n*size";
+    case CollKind::barrier: return "0";
+    default: return "(n+1)*size";
+  }
+}
+
 std::size_t alltoallv_pair_count(std::size_t count, int from, int to) noexcept {
   return count * static_cast<std::size_t>((from + 2 * to + 1) % 3);
 }

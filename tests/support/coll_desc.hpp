@@ -69,6 +69,19 @@ std::optional<CollKind> parse_coll(std::string_view s) noexcept;
 // broadcast, reduce 1.
 double busbw_factor(CollKind k, int nranks) noexcept;
 
+// The least memory traffic of an out-of-place call on one host, in units of
+// the row's size S (bytes read + written, summed over the n ranks): every
+// input byte read once and every output byte written once, whatever the
+// algorithm. all_reduce, all_to_all[v]: n inputs and n outputs of S, 2n.
+// reduce_scatter and reduce: n inputs of S, outputs of S in all, n + 1.
+// all_gather and broadcast: inputs of S in all, n outputs of S, n + 1
+// (a block's second and later readers may find it in a shared cache, so
+// it is read once). cclz-perf's roofline time is this times S over the
+// n-copier bandwidth (docs/performance.md).
+double memory_traffic_factor(CollKind k, int nranks) noexcept;
+// The same as text, as cclz-perf's header prints it: "2*n*size" or "(n+1)*size".
+const char* memory_traffic_formula(CollKind k) noexcept;
+
 // Element counts of one rank's send and receive buffers for an out-of-place
 // call. (For reduce, non-root ranks still get `count`: NCCL lets them pass a
 // recvbuf they never read.) For all_to_allv they depend on the rank; use

@@ -95,5 +95,34 @@ TEST(CheckOutput, LargeCasesAreCheckedAgainstTheirOwnExpectedOutput) {
   EXPECT_GE(differing, 2 * 20) << "too few variants differ for the test to tell kept outputs apart";
 }
 
+// cclz-perf's roofline: the least traffic of a call is what its ranks'
+// buffers hold, counted from buffer_counts (each input read once, each
+// output written once; a broadcast reads only the root's input, a reduce
+// writes only the root's output), in units of the row's size.
+TEST(MemoryTraffic, EveryInputReadOnceAndEveryOutputWrittenOnce) {
+  for (const CollInfo& ci : all_colls()) {
+    for (int n = 1; n <= 8; ++n) {
+      const std::size_t count = 12;
+      const CollCase c{ci.kind, DataType::f32, ReduceOp::sum, count, 0, n};
+      double traffic = 0;
+      for (int r = 0; r < n; ++r) {
+        const BufferCounts b = buffer_counts(c, r);
+        if (ci.kind != CollKind::broadcast || r == c.root) traffic += static_cast<double>(b.send);
+        if (ci.kind != CollKind::reduce || r == c.root) traffic += static_cast<double>(b.recv);
+      }
+      const auto size = static_cast<double>(row_count(ci.kind, count, n));
+      if (ci.kind == CollKind::all_to_allv) {
+        // Uneven pairs: the nominal size is the mean, so compare the sum
+        // over ranks with all_to_all's, whose pairs all carry `count`.
+        EXPECT_EQ(memory_traffic_factor(ci.kind, n), memory_traffic_factor(CollKind::all_to_all, n));
+        continue;
+      }
+      EXPECT_EQ(memory_traffic_factor(ci.kind, n) * size, traffic) << ci.name << " on " << n << " ranks";
+    }
+    const bool two_n = memory_traffic_factor(ci.kind, 3) == 6.0;
+    EXPECT_STREQ(memory_traffic_formula(ci.kind), two_n ? "2*n*size" : "(n+1)*size") << ci.name;
+  }
+}
+
 }  // namespace
 }  // namespace cclz::testing
