@@ -3,7 +3,8 @@
 // next to memcpy of the same buffer size as the copy-bandwidth reference, plus
 // the per-ISA variants, the fused reduce_many against a chain of reduce()
 // calls, the bulk f16/bf16 conversions, avg's divide step, and the
-// node-local path's large copies (copy_stream, copy_in).
+// node-local path's large copies (copy_stream, copy_in) and the kernel's copy
+// that carries heap buffers between processes (cma_read).
 //
 // Bytes processed (so "bytes_per_second" is a bandwidth) count every stream
 // that touches memory: reduce = 3 x buffer (read a, read b, write dst),
@@ -14,6 +15,8 @@
 // the kernel runs at copy bandwidth. Cost: ~1-2 minutes for the whole set;
 // filter with --benchmark_filter, e.g. 'reduce/(f32|f16|bf16|i32)/sum|memcpy'.
 #include <benchmark/benchmark.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -140,8 +143,12 @@ void bm_reduce_inplace(benchmark::State& st, DataType dt, std::size_t bytes) {
 // to memory with streaming stores (copy_stream), and a source in memory
 // into a 512 KiB slot that stays in the cache, a slot's worth at a time
 // (copy_in, beside memcpy doing the same). `offset`: source and destination
-// that many bytes past a line, as a program's arrays may be.
-enum class Copy { memcpy, stream, in, memcpy_in };
+// that many bytes past a line, as a program's arrays may be. And the
+// kernel's copy (cma_read): one process_vm_readv of the whole buffer, the
+// way a heap call's peer blocks cross between processes
+// (collectives/shm_direct.cpp); read from this process, which takes the
+// kernel's same path (it pins each page of the source, then copies it).
+enum class Copy { memcpy, stream, in, memcpy_in, kernel };
 void bm_copy(benchmark::State& st, Copy kind, std::size_t bytes, std::size_t offset) {
   constexpr std::size_t kSlot = std::size_t{512} << 10;
   Arena arena(2, bytes + offset);
@@ -154,6 +161,13 @@ void bm_copy(benchmark::State& st, Copy kind, std::size_t bytes, std::size_t off
       std::memcpy(dst, src, bytes);
     } else if (kind == Copy::stream) {
       cclz::coll::shm::copy_stream(dst, src, bytes);
+    } else if (kind == Copy::kernel) {
+      iovec local{dst, bytes};
+      iovec remote{src, bytes};
+      if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(bytes)) {
+        st.SkipWithError("process_vm_readv did not copy the whole buffer");
+        break;
+      }
     } else {
       for (std::size_t o = 0; o < bytes; o += kSlot) {
         (kind == Copy::in ? cclz::coll::shm::copy_in : cclz::coll::shm::copy)(dst, src + o, std::min(kSlot, bytes - o));
@@ -310,6 +324,7 @@ void register_all() {
       if (offset != 0) name += "+16";
       benchmark::RegisterBenchmark(name.c_str(), bm_copy, Copy::stream, bytes, offset);
     }
+    benchmark::RegisterBenchmark(("cma_read/" + sz).c_str(), bm_copy, Copy::kernel, bytes, 0);
     if (bytes > (std::size_t{512} << 10)) {
       benchmark::RegisterBenchmark(("copy_in/" + sz).c_str(), bm_copy, Copy::in, bytes, 0);
       benchmark::RegisterBenchmark(("memcpy_in/" + sz).c_str(), bm_copy, Copy::memcpy_in, bytes, 0);
