@@ -252,14 +252,25 @@ Bench::Timing Bench::time_loop(Fn&& fn, bool* failed, bool cclz_start, const Tou
   bool bad = false;
   for (int i = 0; i < o_.warmup && !bad; ++i) bad = !fn();
   // Everyone starts together; the barrier is outside the timed region.
-  if (any_rank(bad)) {
-    *failed = true;
-    return timing;
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (cclz_start && !comm_.barrier().wait().ok()) {
-    *failed = true;
-    return timing;
+  // Between cclz's warm-up and its timed calls only cclz runs: MPICH's
+  // reductions and barriers busy-poll, and with more ranks than cores the
+  // scheduler then passed over the ranks that spun there in cclz's first
+  // timed calls (4 ranks on 2 cores: 0.6-4.9 ms each in 6 of 8 runs,
+  // none after cclz's barrier alone; docs/performance-log.md).
+  if (cclz_start) {
+    const std::int32_t mine = bad ? 1 : 0;
+    std::int32_t any = 0;
+    if (!comm_.all_reduce(&mine, &any, 1, DataType::i32, ReduceOp::max).wait().ok() || any != 0 ||
+        !comm_.barrier().wait().ok()) {
+      *failed = true;
+      return timing;
+    }
+  } else {
+    if (any_rank(bad)) {
+      *failed = true;
+      return timing;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
   }
   // --per-call: this rank's seconds for each timed call, by index (a call
   // that did not run stays 0).
