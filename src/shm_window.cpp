@@ -94,9 +94,13 @@ struct alignas(kLine) RankCtl {
   std::atomic<std::uint32_t> sleepers;
   std::atomic<std::uint32_t> aborted;
   std::atomic<std::int32_t> pid;
-  // Where the ranks outnumber the cores: the CPU the owner last waited on.
+  // Where the ranks outnumber the cores: the CPU the owner last attached,
+  // waited or published on (note_cpu).
   std::atomic<std::int32_t> cpu;
-  char pad1[kLine - 5 * sizeof(std::uint32_t)];
+  // Where the ranks outnumber the cores: 1 while the owner sleeps on a
+  // peer's futex (YieldWatch).
+  std::atomic<std::uint32_t> asleep;
+  char pad1[kLine - 6 * sizeof(std::uint32_t)];
   // Line 2: the owner's way words of its last kWayWords calls (set_way_word).
   std::array<std::atomic<std::uint64_t>, ShmWindow::kWayWords> way_words;
 };
@@ -211,6 +215,7 @@ class ShmSegment {
       c->pid.store(0, std::memory_order_relaxed);
       for (auto& word : c->way_words) word.store(~std::uint64_t{0}, std::memory_order_relaxed);
       c->cpu.store(-1, std::memory_order_relaxed);
+      c->asleep.store(0, std::memory_order_relaxed);
     }
     cache_offsets();
     for (int t = 0; t < g.local_size; ++t) {
@@ -377,6 +382,7 @@ ShmWindow::ShmWindow(std::shared_ptr<ShmSegment> seg, std::vector<int> members, 
       pidfds_(members_.size(), -2),
       pids_(members_.size(), 0) {
   seg_->ctl(index_).pid.store(static_cast<std::int32_t>(getpid()), std::memory_order_release);
+  note_cpu();
 }
 
 ShmWindow::~ShmWindow() {
@@ -401,7 +407,7 @@ bool ShmWindow::cma_measured() const noexcept { return seg_->header().cma == 2 &
 std::uint64_t ShmWindow::l2_bytes() const noexcept { return seg_->header().l2_bytes; }
 std::uint64_t ShmWindow::llc_bytes() const noexcept { return seg_->header().llc_bytes; }
 int ShmWindow::pid(int r) const noexcept { return seg_->ctl(r).pid.load(std::memory_order_acquire); }
-int ShmWindow::last_wait_cpu(int r) const noexcept { return seg_->ctl(r).cpu.load(std::memory_order_relaxed); }
+int ShmWindow::last_cpu(int r) const noexcept { return seg_->ctl(r).cpu.load(std::memory_order_relaxed); }
 bool ShmWindow::one_process() const noexcept { return seg_->one_process(); }
 std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept {
   return seg_->slot(r, data_chunks_ + (s - next_chunk_));
@@ -413,7 +419,18 @@ std::uint64_t ShmWindow::progress(int r) const noexcept {
   return seg_->ctl(r).progress.load(std::memory_order_acquire);
 }
 
+int ShmWindow::note_cpu() noexcept {
+  if (!oversubscribed_) return -1;
+  const int cpu = sched_getcpu();
+  // Written only when it changed: the peers read this line after each
+  // yield, and ranks rarely move.
+  std::atomic<std::int32_t>& mine = seg_->ctl(index_).cpu;
+  if (mine.load(std::memory_order_relaxed) != cpu) mine.store(cpu, std::memory_order_relaxed);
+  return cpu;
+}
+
 void ShmWindow::publish(std::uint64_t value) noexcept {
+  note_cpu();
   RankCtl& c = seg_->ctl(index_);
   c.progress.store(value, std::memory_order_seq_cst);
   c.event.fetch_add(1, std::memory_order_seq_cst);
@@ -488,12 +505,7 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
   if (ranks.empty() && value <= all_seen_) return {};
   // Where the ranks outnumber the cores, peers look at this to tell
   // whether this rank is queued on their CPU (YieldWatch).
-  // Written only when it changed: the peers read this line after each
-  // yield, and ranks rarely move.
-  const int my_cpu = oversubscribed_ ? sched_getcpu() : -1;
-  if (oversubscribed_ && seg_->ctl(index_).cpu.load(std::memory_order_relaxed) != my_cpu) {
-    seg_->ctl(index_).cpu.store(my_cpu, std::memory_order_relaxed);
-  }
+  note_cpu();
   const int n = ranks.empty() ? size() : static_cast<int>(ranks.size());
   auto rank_at = [&](int i) { return ranks.empty() ? i : ranks[static_cast<std::size_t>(i)]; };
   int lag = 0;  // the first rank not there yet; earlier ones stay there (monotonic)
@@ -528,15 +540,18 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
   // against 23-99 us after three yields). Unless the yields stop handing
   // it over (YieldWatch).
   const auto yield_start = Clock::now(), yield_end = yield_start + std::chrono::microseconds(kYieldUs);
-  YieldWatch watch;
+  yield_watch_.start();
   for (int i = 1; !local_failure(); ++i) {
     const auto before = oversubscribed_ ? Clock::now() : Clock::time_point{};
     sched_yield();
     if (ready()) return {};
     if (oversubscribed_) {
       const auto now = Clock::now();
-      const int lag_cpu = seg_->ctl(rank_at(lag)).cpu.load(std::memory_order_relaxed);
-      if (watch.after_yield(now - before, my_cpu, lag_cpu) || now >= yield_end) break;
+      const int cpu = note_cpu();
+      const RankCtl& lc = seg_->ctl(rank_at(lag));
+      const int lag_cpu = lc.cpu.load(std::memory_order_relaxed);
+      const bool lag_asleep = lc.asleep.load(std::memory_order_relaxed) != 0;
+      if (yield_watch_.after_yield(now - before, now, cpu, lag_cpu, lag_asleep) || now >= yield_end) break;
     } else if ((i & 3) == 0 && Clock::now() >= yield_end) {
       break;
     }
@@ -582,7 +597,9 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
     if (c.progress.load(std::memory_order_seq_cst) < value) {
       const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(std::min(deadline, next_check) - now);
       const timespec ts{0, std::max<long>(1000, static_cast<long>(left.count()))};
+      if (oversubscribed_) seg_->ctl(index_).asleep.store(1, std::memory_order_relaxed);
       futex(&c.event, FUTEX_WAIT, ev, &ts);
+      if (oversubscribed_) seg_->ctl(index_).asleep.store(0, std::memory_order_relaxed);
     }
     c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     want.store(kNoWant, std::memory_order_relaxed);

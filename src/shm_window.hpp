@@ -26,6 +26,7 @@
 // counters are out of step and the window is not used again.
 #pragma once
 
+#include <algorithm>
 #include <any>
 #include <array>
 #include <atomic>
@@ -70,34 +71,50 @@ const CacheSizes& host_cache_sizes();
 // and sleeps on the futex. The scheduler (EEVDF, Linux 6.6 and later) runs
 // on a yield only a task that is eligible, one that has not had more than
 // its share of the CPU lately; a peer queued behind the waiter that has
-// (it did the work while the waiter slept) is passed over, yield after
-// yield, until the waiter's own spinning has used up the difference:
-// milliseconds. On the 2-vCPU test host with 4 ranks, in one run in three,
-// dozens of 4 KB all-reduces in a row each took the whole 2 ms yield
-// budget, the waiter yielding 3000-4000 times with nothing else run.
-// Sleeping takes the waiter off the CPU, and the peer runs at once. So the
-// waiter sleeps after kEmptyInARow yields in a row that came back within
-// kEmpty (no other thread ran on this CPU) while the rank it waits for
-// last waited on this CPU (so it is queued here, not running elsewhere).
-// A yield that does run the peer takes microseconds and resets the count.
-// Same host, 100 rounds of 20 all-reduces between MPI barriers, mean per
-// call (3 runs each, before -> after): 4 ranks 4 KB 28-36 -> 17-27 us, the
-// slowest round 652-667 -> 22-121 us; 8 ranks 4 KB 178-217 -> 78-82 us.
-// It costs where a few more yields would have done: 4 ranks, 64 KB
-// 78-93 -> 89-106 us (docs/performance-log.md, "Waits that stop yielding").
+// (it did the work while the waiter slept, or spun in MPI) is passed over,
+// yield after yield, until the waiter's own spinning has used up the
+// difference: milliseconds. And a waiter that has its CPU to itself keeps
+// it looking busy, so the balancer does not bring it a peer starved on
+// another CPU. Sleeping takes the waiter off the CPU, and the peer runs.
+// So the waiter sleeps after yields that ran nothing else (each about as
+// quick as the quickest yield it has seen; one that switched to another
+// thread and back takes several times as long):
+// - kEmptyInARow of them in a row while the rank it waits for last ran on
+//   this CPU and is not asleep itself (so it is queued here, passed over;
+//   a peer asleep in its own wait would gain nothing from the CPU), or
+// - a run of them that has lasted kAloneFor, wherever that rank is (it is
+//   not about to finish on another CPU).
+// A yield that ran another thread starts the count again. Emptiness was
+// once a fixed 1 us; on the Zen 5 host an empty yield takes 1.3-1.8 us, so
+// the rule never fired there and one run of 20 back-to-back 4 KB
+// all-reduces on 4 ranks in about seven spent 2 ms on every call
+// (docs/performance-log.md, "The 2 ms cliff, found").
 class YieldWatch {
  public:
-  static constexpr std::chrono::nanoseconds kEmpty{1000};
   static constexpr int kEmptyInARow = 4;
-  // One yield that took `took`; `my_cpu`: this rank's CPU (-1 unknown),
-  // `lag_cpu`: where the rank waited for last waited. True: sleep now.
-  bool after_yield(std::chrono::nanoseconds took, int my_cpu, int lag_cpu) noexcept {
-    empty_ = took < kEmpty ? empty_ + 1 : 0;
-    return my_cpu >= 0 && empty_ >= kEmptyInARow && lag_cpu == my_cpu;
+  static constexpr std::chrono::microseconds kAloneFor{100};
+  // A new wait.
+  void start() noexcept { empty_ = 0; }
+  // One yield: how long it took, when it returned, this rank's CPU (-1
+  // unknown), the CPU the rank waited for last ran on and whether it is
+  // asleep in a wait of its own. True: sleep now.
+  bool after_yield(Clock::duration took, Clock::time_point now, int my_cpu, int lag_cpu, bool lag_asleep) noexcept {
+    fastest_ = std::min(fastest_, took);
+    if (took >= 2 * fastest_) {  // it ran another thread
+      empty_ = 0;
+      return false;
+    }
+    if (empty_++ == 0) alone_since_ = now;
+    if (my_cpu < 0) return false;
+    return (empty_ >= kEmptyInARow && lag_cpu == my_cpu && !lag_asleep) || now - alone_since_ >= kAloneFor;
   }
 
  private:
   int empty_ = 0;
+  Clock::time_point alone_since_;
+  // The fastest yield seen, one that ran nothing else: a yield that takes
+  // twice as long switched to another thread and back.
+  Clock::duration fastest_ = Clock::duration::max();
 };
 
 class ShmWindow {
@@ -207,8 +224,9 @@ class ShmWindow {
   // The process id of local rank r (0 until it has attached).
   int pid(int r) const noexcept;
   // Where the ranks outnumber the cores: the CPU local rank r was on when
-  // it last called wait() (-1: none yet, or a window that fits its cores).
-  int last_wait_cpu(int r) const noexcept;
+  // it last attached, waited or published (-1: not attached yet, or a
+  // window that fits its cores).
+  int last_cpu(int r) const noexcept;
   // Whether the window's ranks are threads of this process (an anonymous
   // segment), sharing one address space.
   bool one_process() const noexcept;
@@ -302,6 +320,9 @@ class ShmWindow {
 
  private:
   bool rank_gone(int r, std::string* why);
+  // Where the ranks outnumber the cores: records the CPU this rank runs on
+  // for the peers' YieldWatch and returns it (-1 otherwise).
+  int note_cpu() noexcept;
 
   std::shared_ptr<ShmSegment> seg_;
   std::vector<int> members_;
@@ -319,6 +340,7 @@ class ShmWindow {
   std::array<std::atomic<std::uint64_t>, 2> heap_path_timed_{};
   Status fail_status_;  // written before failed_ is set
   std::deque<std::any> local_state_;
+  YieldWatch yield_watch_;
 };
 
 }  // namespace cclz::detail

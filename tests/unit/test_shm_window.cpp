@@ -194,49 +194,104 @@ TEST(ShmWindow, CarriesTheCreatorsCacheSizesAndSlotStores) {
   }
 }
 
-// Where the ranks outnumber the cores, a waiter's yields that keep coming
-// back at once while the rank it waits for is queued on its CPU make it
-// sleep; yields that ran something, or a peer elsewhere, do not.
-TEST(YieldWatch, SleepsAfterEmptyYieldsOnlyWhileThePeerSharesTheCpu) {
+// Where the ranks outnumber the cores, a waiter's yields that run nothing
+// else (as quick as the quickest yield it has seen, within 2x) make it
+// sleep: a few in a row while the rank it waits for is queued on its CPU
+// (there and not asleep), or kAloneFor of them wherever that rank is. A yield that ran something
+// (2x the quickest or more) starts the count again.
+TEST(YieldWatch, SleepsAfterYieldsThatRanNothingElse) {
   using std::chrono::nanoseconds;
-  const nanoseconds empty{200}, ran{20000};
+  const nanoseconds empty{1300}, ran{9000};
+  const Clock::time_point t0{};
+  const auto us = [&](int n) { return t0 + std::chrono::microseconds(n); };
   YieldWatch w;
-  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(w.after_yield(empty, 1, 1)) << i;
-  EXPECT_TRUE(w.after_yield(empty, 1, 1));
+  w.start();
+  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(w.after_yield(empty, us(i), 1, 1, false)) << i;
+  EXPECT_TRUE(w.after_yield(empty, us(YieldWatch::kEmptyInARow), 1, 1, false));
+  w.start();
+  EXPECT_FALSE(w.after_yield(empty, us(100), 1, 1, false)) << "a new wait counts again";
 
   YieldWatch reset;
-  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(reset.after_yield(empty, 1, 1));
-  EXPECT_FALSE(reset.after_yield(ran, 1, 1)) << "a yield that ran another thread starts the count again";
-  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(reset.after_yield(empty, 1, 1)) << i;
-  EXPECT_TRUE(reset.after_yield(empty, 1, 1));
+  reset.start();
+  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(reset.after_yield(empty, us(i), 1, 1, false));
+  EXPECT_FALSE(reset.after_yield(ran, us(10), 1, 1, false)) << "a yield that ran another thread starts the count again";
+  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(reset.after_yield(empty, us(10 + i), 1, 1, false)) << i;
+  EXPECT_TRUE(reset.after_yield(empty, us(20), 1, 1, false));
 
-  YieldWatch elsewhere;
-  for (int i = 0; i < 3 * YieldWatch::kEmptyInARow; ++i) {
-    EXPECT_FALSE(elsewhere.after_yield(empty, 1, 0)) << "the peer waited last on another CPU";
-    EXPECT_FALSE(elsewhere.after_yield(empty, 1, -1)) << "the peer has not waited yet";
+  // What counts as empty is relative to the quickest yield seen: where
+  // every yield takes 9 us, they ran nothing; one of 1 us later shows that
+  // they did.
+  YieldWatch slow_host;
+  slow_host.start();
+  for (int i = 1; i < YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(slow_host.after_yield(ran, us(9 * i), 1, 1, false)) << i;
+  EXPECT_TRUE(slow_host.after_yield(ran, us(9 * YieldWatch::kEmptyInARow), 1, 1, false));
+  slow_host.start();
+  EXPECT_FALSE(slow_host.after_yield(nanoseconds(1000), us(100), 1, 1, false));
+  for (int i = 0; i < 3 * YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(slow_host.after_yield(ran, us(101 + 9 * i), 1, 1, false));
+
+  // The rank waited for last ran on another CPU (0) or has not said (-1):
+  // the yields go on until the run of empty ones has lasted kAloneFor.
+  const int alone = static_cast<int>(YieldWatch::kAloneFor.count());
+  for (const int lag_cpu : {0, -1}) {
+    YieldWatch elsewhere;
+    elsewhere.start();
+    int t = 0;
+    for (; t < alone; t += 7) EXPECT_FALSE(elsewhere.after_yield(empty, us(t), 1, lag_cpu, false)) << lag_cpu << " " << t;
+    EXPECT_TRUE(elsewhere.after_yield(empty, us(alone), 1, lag_cpu, false)) << lag_cpu;
+
+    YieldWatch interrupted;
+    interrupted.start();
+    for (t = 0; t < alone; t += 7) EXPECT_FALSE(interrupted.after_yield(empty, us(t), 1, lag_cpu, false));
+    EXPECT_FALSE(interrupted.after_yield(ran, us(t), 1, lag_cpu, false)) << "the run is over";
+    EXPECT_FALSE(interrupted.after_yield(empty, us(t + 1), 1, lag_cpu, false)) << "and a new one starts";
+    EXPECT_FALSE(interrupted.after_yield(empty, us(t + alone), 1, lag_cpu, false)) << "(its first yield ran nothing";
+    EXPECT_TRUE(interrupted.after_yield(empty, us(t + 1 + alone), 1, lag_cpu, false)) << " from t + 1)";
   }
-  EXPECT_TRUE(elsewhere.after_yield(empty, 1, 1)) << "then it is queued here";
+
+  // The rank waited for is on this CPU but asleep in a wait of its own: it
+  // gains nothing from the CPU, so only the long run puts this rank to sleep.
+  YieldWatch chained;
+  chained.start();
+  for (int t = 0; t < alone; t += 7) EXPECT_FALSE(chained.after_yield(empty, us(t), 1, 1, true)) << t;
+  EXPECT_TRUE(chained.after_yield(empty, us(alone), 1, 1, true));
 
   YieldWatch unknown;
-  for (int i = 0; i < 3 * YieldWatch::kEmptyInARow; ++i) EXPECT_FALSE(unknown.after_yield(empty, -1, -1));
+  unknown.start();
+  for (int i = 0; i < 3 * YieldWatch::kEmptyInARow; ++i) {
+    EXPECT_FALSE(unknown.after_yield(empty, us(1000 * i), -1, -1, false)) << "no CPU of its own to give up";
+  }
 }
 
-// The CPU a rank waited on is published only where the ranks outnumber the
-// cores, for the peers' YieldWatch.
-TEST(ShmWindow, PublishesTheCpuOfWaitsWhereRanksOutnumberCores) {
+// The CPU a rank runs on is published only where the ranks outnumber the
+// cores, for the peers' YieldWatch: from attaching, and again at each wait
+// and each publish (where a rank that moved is seen next).
+TEST(ShmWindow, PublishesTheCpuWhereRanksOutnumberCores) {
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &before)) allowed.push_back(c);
+  }
+  ASSERT_FALSE(allowed.empty());
+  auto pin = [](int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof one, &one) == 0;
+  };
+  const int first = allowed.front(), second = allowed.back();
+
+  ASSERT_TRUE(pin(first));
   std::shared_ptr<ShmSegment> seg;
   ASSERT_TRUE(ShmWindow::create_anonymous(geometry(), &seg).ok());
   ShmWindow crowded(seg, {0, 1, 2}, 0, true), peer(seg, {0, 1, 2}, 1, true), roomy(seg, {0, 1, 2}, 2, false);
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(crowded.last_wait_cpu(r), -1) << r;
+  EXPECT_EQ(crowded.last_cpu(0), first) << "from attaching";
+  EXPECT_EQ(crowded.last_cpu(1), first);
+  EXPECT_EQ(crowded.last_cpu(2), -1) << "rank 2's ranks fit on the cores";
 
-  // Stay on one CPU while the waits run.
-  cpu_set_t before, one;
-  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
-  const int cpu = sched_getcpu();
-  ASSERT_GE(cpu, 0);
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  // Move (where there is another CPU to move to): the peers see it at the
+  // next publish and the next wait.
+  ASSERT_TRUE(pin(second));
   peer.publish(1);
   const int r1 = 1;
   const auto deadline = Clock::now() + std::chrono::seconds(10);
@@ -245,9 +300,9 @@ TEST(ShmWindow, PublishesTheCpuOfWaitsWhereRanksOutnumberCores) {
   ASSERT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
   ASSERT_TRUE(a.ok()) << a.to_string();
   ASSERT_TRUE(b.ok()) << b.to_string();
-  EXPECT_EQ(peer.last_wait_cpu(0), cpu);
-  EXPECT_EQ(peer.last_wait_cpu(1), -1) << "rank 1 has not waited";
-  EXPECT_EQ(peer.last_wait_cpu(2), -1) << "rank 2's ranks fit on the cores";
+  EXPECT_EQ(roomy.last_cpu(1), second) << "at the publish";
+  EXPECT_EQ(roomy.last_cpu(0), second) << "at the wait";
+  EXPECT_EQ(roomy.last_cpu(2), -1);
 }
 
 // A sysfs cache directory written by the test.
