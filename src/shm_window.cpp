@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -100,7 +101,10 @@ struct alignas(kLine) RankCtl {
   // Where the ranks outnumber the cores: 1 while the owner sleeps on a
   // peer's futex (YieldWatch).
   std::atomic<std::uint32_t> asleep;
-  char pad1[kLine - 6 * sizeof(std::uint32_t)];
+  // 1 when the owner publishes without a fence (ShmWindow::publish): its
+  // waiters run a global barrier before they sleep.
+  std::atomic<std::uint32_t> fenceless;
+  char pad1[kLine - 7 * sizeof(std::uint32_t)];
   // Line 2: the owner's way words of its last kWayWords calls (set_way_word).
   std::array<std::atomic<std::uint64_t>, ShmWindow::kWayWords> way_words;
 };
@@ -138,6 +142,25 @@ Status errno_status(const std::string& what) {
 long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* ts) {
   return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, val, ts, nullptr, 0);
 }
+
+// membarrier(2) with MEMBARRIER_CMD_GLOBAL_EXPEDITED: a full memory barrier
+// on every CPU that runs a thread of a process registered for it. With it a
+// waiter about to sleep pays for the ordering that a publisher would
+// otherwise pay on every publish (the asymmetric Dekker pattern). This
+// process registers once; false where the kernel or a seccomp policy
+// refuses.
+bool register_global_barrier() noexcept {
+  static const bool ok = [] {
+    const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    if (cmds < 0 || (cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0 ||
+        (cmds & MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0) {
+      return false;
+    }
+    return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+  }();
+  return ok;
+}
+bool global_barrier() noexcept { return syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) == 0; }
 
 void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -211,6 +234,7 @@ class ShmSegment {
       c->progress.store(0, std::memory_order_relaxed);
       c->event.store(0, std::memory_order_relaxed);
       c->sleepers.store(0, std::memory_order_relaxed);
+      c->fenceless.store(0, std::memory_order_relaxed);
       c->aborted.store(0, std::memory_order_relaxed);
       c->pid.store(0, std::memory_order_relaxed);
       for (auto& word : c->way_words) word.store(~std::uint64_t{0}, std::memory_order_relaxed);
@@ -379,8 +403,12 @@ ShmWindow::ShmWindow(std::shared_ptr<ShmSegment> seg, std::vector<int> members, 
       members_(std::move(members)),
       index_(index),
       oversubscribed_(oversubscribed),
+      // Where the ranks outnumber the cores, waiters sleep often, and a
+      // global barrier before each sleep would cost more than the fences.
+      fenceless_(!oversubscribed && register_global_barrier()),
       pidfds_(members_.size(), -2),
       pids_(members_.size(), 0) {
+  seg_->ctl(index_).fenceless.store(fenceless_ ? 1 : 0, std::memory_order_relaxed);
   seg_->ctl(index_).pid.store(static_cast<std::int32_t>(getpid()), std::memory_order_release);
   note_cpu();
 }
@@ -407,6 +435,9 @@ bool ShmWindow::cma_measured() const noexcept { return seg_->header().cma == 2 &
 std::uint64_t ShmWindow::l2_bytes() const noexcept { return seg_->header().l2_bytes; }
 std::uint64_t ShmWindow::llc_bytes() const noexcept { return seg_->header().llc_bytes; }
 int ShmWindow::pid(int r) const noexcept { return seg_->ctl(r).pid.load(std::memory_order_acquire); }
+std::uint32_t ShmWindow::sleepers_on(int r) const noexcept {
+  return seg_->ctl(r).sleepers.load(std::memory_order_seq_cst);
+}
 int ShmWindow::last_cpu(int r) const noexcept { return seg_->ctl(r).cpu.load(std::memory_order_relaxed); }
 bool ShmWindow::one_process() const noexcept { return seg_->one_process(); }
 std::byte* ShmWindow::slot(int r, std::uint64_t s) const noexcept {
@@ -432,12 +463,26 @@ int ShmWindow::note_cpu() noexcept {
 void ShmWindow::publish(std::uint64_t value) noexcept {
   note_cpu();
   RankCtl& c = seg_->ctl(index_);
-  c.progress.store(value, std::memory_order_seq_cst);
-  c.event.fetch_add(1, std::memory_order_seq_cst);
-  if (c.sleepers.load(std::memory_order_seq_cst) == 0) return;
+  if (fenceless_) {
+    // No fence between the store and the read of `sleepers`: a waiter
+    // that goes to sleep on this rank runs a global barrier first (wait()),
+    // which either makes this store visible to its last check or this
+    // read see it among the sleepers. A fence here costs the time the
+    // line takes to come back from the core spinning on it: on the Zen 5
+    // host most of a 4 KB broadcast's root.
+    c.progress.store(value, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (c.sleepers.load(std::memory_order_relaxed) == 0) return;
+    c.event.fetch_add(1, std::memory_order_seq_cst);
+  } else {
+    c.progress.store(value, std::memory_order_seq_cst);
+    c.event.fetch_add(1, std::memory_order_seq_cst);
+    if (c.sleepers.load(std::memory_order_seq_cst) == 0) return;
+  }
   for (int w = 0; w < size(); ++w) {
     if (seg_->want(index_, w).load(std::memory_order_seq_cst) <= value) {
       futex(&c.event, FUTEX_WAKE, INT_MAX, nullptr);
+      ++wakes_sent_;
       return;
     }
   }
@@ -594,8 +639,13 @@ Status ShmWindow::wait(std::span<const int> ranks, std::uint64_t value, Clock::t
     const std::uint32_t ev = c.event.load(std::memory_order_seq_cst);
     want.store(value, std::memory_order_seq_cst);
     c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    // A target that publishes without a fence is ordered by this barrier
+    // (publish). Should the barrier fail, its wake-up may be missed, so the
+    // nap is kept short.
+    const bool fenced = c.fenceless.load(std::memory_order_acquire) == 0 || global_barrier();
     if (c.progress.load(std::memory_order_seq_cst) < value) {
-      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(std::min(deadline, next_check) - now);
+      auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(std::min(deadline, next_check) - now);
+      if (!fenced) left = std::min<std::chrono::nanoseconds>(left, kUnfencedNap);
       const timespec ts{0, std::max<long>(1000, static_cast<long>(left.count()))};
       if (oversubscribed_) seg_->ctl(index_).asleep.store(1, std::memory_order_relaxed);
       futex(&c.event, FUTEX_WAIT, ev, &ts);

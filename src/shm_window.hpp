@@ -128,6 +128,9 @@ class ShmWindow {
   static constexpr int kSpinUs = 50;
   static constexpr int kYieldUs = 2000;
   static constexpr int kNapMs = 2;
+  // A nap's length where the global barrier that orders a fenceless
+  // publisher failed (its wake-up may then be missed).
+  static constexpr std::chrono::microseconds kUnfencedNap{100};
 
   struct Geometry {
     int local_size = 0;
@@ -210,6 +213,13 @@ class ShmWindow {
   int slots() const noexcept;
   // Whether the node's ranks outnumber its cores (then waits never spin).
   bool oversubscribed() const noexcept { return oversubscribed_; }
+  // Whether this rank publishes without a fence: where the ranks fit on
+  // the cores and the kernel offers membarrier(2)'s global barrier.
+  bool fenceless() const noexcept { return fenceless_; }
+  // How many ranks sleep on rank r's futex now, and how many times this
+  // rank's publish() has woken sleepers (for tests).
+  std::uint32_t sleepers_on(int r) const noexcept;
+  std::uint64_t wakes_sent() const noexcept { return wakes_sent_; }
   int allreduce_handoffs() const noexcept;
   int slot_stores() const noexcept;
   std::uint64_t direct_min_bytes() const noexcept;
@@ -328,6 +338,9 @@ class ShmWindow {
   std::vector<int> members_;
   int index_;
   bool oversubscribed_;
+  // publish() stores its progress without a fence (see there).
+  bool fenceless_;
+  std::uint64_t wakes_sent_ = 0;
   std::uint64_t next_chunk_ = 0;
   std::uint64_t data_chunks_ = 0;  // chunks that took a slot, of next_chunk_
   std::uint64_t all_seen_ = 0;  // every rank's progress is known to be at least this

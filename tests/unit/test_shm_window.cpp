@@ -12,7 +12,9 @@
 // only that it changes no byte.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/membarrier.h>
 #include <sched.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,6 +24,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shm_window.hpp"
@@ -303,6 +306,43 @@ TEST(ShmWindow, PublishesTheCpuWhereRanksOutnumberCores) {
   EXPECT_EQ(roomy.last_cpu(1), second) << "at the publish";
   EXPECT_EQ(roomy.last_cpu(0), second) << "at the wait";
   EXPECT_EQ(roomy.last_cpu(2), -1);
+}
+
+// Where the ranks fit on the cores, a rank publishes without a fence when
+// the kernel offers membarrier(2)'s global barrier, and a waiter runs that
+// barrier before it sleeps (ShmWindow::publish). The publisher then reads
+// the count of sleepers with no fence of its own; it must still see a
+// waiter asleep on it and wake it (a missed wake-up would cost the waiter
+// up to a nap, 2 ms). Ranks that outnumber the cores keep the fence.
+TEST(ShmWindow, FencelessPublishWakesASleepingWaiter) {
+  std::shared_ptr<ShmSegment> seg;
+  ASSERT_TRUE(ShmWindow::create_anonymous(geometry(), &seg).ok());
+  ShmWindow waiter(seg, {0, 1, 2}, 0, false), publisher(seg, {0, 1, 2}, 1, false), crowded(seg, {0, 1, 2}, 2, true);
+  const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  const bool offered = cmds >= 0 && (cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0 &&
+                       (cmds & MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) != 0;
+  EXPECT_EQ(publisher.fenceless(), offered);
+  EXPECT_FALSE(crowded.fenceless());
+
+  const int r1 = 1;
+  for (std::uint64_t round = 1; round <= 5; ++round) {
+    Status st;
+    std::thread t([&] {
+      st = waiter.wait(std::span<const int>(&r1, 1), round, Clock::now() + std::chrono::seconds(30), {}, "test");
+    });
+    // The waiter spins, yields for 2 ms, then sleeps on rank 1.
+    const auto give_up = Clock::now() + std::chrono::seconds(10);
+    while (publisher.sleepers_on(1) == 0 && Clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    const bool asleep = publisher.sleepers_on(1) != 0;
+    const std::uint64_t before = publisher.wakes_sent();
+    publisher.publish(round);
+    t.join();
+    ASSERT_TRUE(asleep) << "round " << round << ": the waiter never slept";
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(publisher.wakes_sent(), before + 1) << "round " << round << ": the publish did not wake the sleeper";
+  }
 }
 
 // A sysfs cache directory written by the test.
