@@ -465,11 +465,12 @@ void ShmWindow::publish(std::uint64_t value) noexcept {
   RankCtl& c = seg_->ctl(index_);
   if (fenceless_) {
     // No fence between the store and the read of `sleepers`: a waiter
-    // that goes to sleep on this rank runs a global barrier first (wait()),
-    // which either makes this store visible to its last check or this
-    // read see it among the sleepers. A fence here costs the time the
-    // line takes to come back from the core spinning on it: on the Zen 5
-    // host most of a 4 KB broadcast's root.
+    // that goes to sleep on this rank counts itself among the sleepers and
+    // then runs a global barrier (wait()), which either makes this store
+    // visible to the waiter's last look at the progress or lets this read
+    // count the waiter. A fence here waits for the progress line to come
+    // back from the core spinning on it: on the Zen 5 host, most of a 4 KB
+    // broadcast's root.
     c.progress.store(value, std::memory_order_release);
     std::atomic_signal_fence(std::memory_order_seq_cst);
     if (c.sleepers.load(std::memory_order_relaxed) == 0) return;
